@@ -1,0 +1,50 @@
+"""The `agent` command: dispatches to the subcommands each part of the package registers."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Each module exposes register(subparsers); the parser it adds sets `func`, which takes the
+# parsed arguments and returns the exit code. Imported lazily so one part's import cost or
+# optional dependency never slows or breaks another subcommand.
+SUBCOMMANDS = {
+    "emulator": "agent.emulator.cli",
+    "store": "agent.client.cli",
+    "sim-device": "agent.controller.cli",
+}
+
+EXIT_USAGE = 2
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agent",
+        description="Keeps a controller's set point in sync with the Azure IoT Operations "
+        "state store.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name in SUBCOMMANDS.items():
+        if only is not None and name != only:
+            subparsers.add_parser(name, help=f"see `agent {name} --help`")
+            continue
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in args_list if not a.startswith("-")), None)
+    only = first if first in SUBCOMMANDS else None
+    parser = build_parser(only)
+    args = parser.parse_args(args_list)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(func(args))
+    except KeyboardInterrupt:
+        return 130
