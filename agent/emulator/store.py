@@ -1,0 +1,326 @@
+"""The state store's state machine (protocol.md §2-§8), pure: no I/O, time injected.
+
+`StateStore.handle()` takes one request as the service receives it and returns the reply
+and the notifications it causes; `expire()` deletes what has expired. The MQTT side
+(`service.py`) only moves bytes and properties in and out.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from agent.protocol import errors
+from agent.protocol.hlc import (
+    MAX_CLOCK_DRIFT_MS,
+    Hlc,
+    HlcError,
+    HybridLogicalClock,
+    WallClock,
+)
+from agent.protocol.resp3 import (
+    OK,
+    ErrorReply,
+    Notification,
+    Resp3Error,
+    Response,
+    decode_request,
+    encode_notification,
+    encode_response,
+)
+
+Authorizer = Callable[[str, bytes], bool]
+"""(client id, key) -> allowed."""
+
+MonotonicClock = Callable[[], int]
+"""Milliseconds on a clock that never steps; key expiry is measured on it."""
+
+
+@dataclass(slots=True)
+class Entry:
+    value: bytes
+    version: Hlc
+    fencing_token: Hlc | None = None
+    expires_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    payload: bytes
+    timestamp: Hlc | None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyNotification:
+    client_id: str
+    key: bytes
+    payload: bytes
+    timestamp: Hlc
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    reply: Reply
+    notifications: list[KeyNotification] = field(default_factory=list)
+
+
+class _Refused(Exception):
+    """Ends a request with `-ERR <text>`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+@dataclass(frozen=True, slots=True)
+class _SetOptions:
+    condition: bytes | None  # b"NX" or b"NEX"
+    expiry_ms: int | None
+
+
+def _parse_set_options(options: list[bytes]) -> _SetOptions:
+    condition: bytes | None = None
+    expiry_ms: int | None = None
+    seen_px = False
+    it: Iterator[bytes] = iter(options)
+    for raw in it:
+        word = raw.upper()
+        if word in (b"NX", b"NEX"):
+            if condition is not None:
+                raise _Refused(errors.SYNTAX_ERROR)
+            condition = word
+        elif word == b"PX":
+            number = next(it, None)
+            if seen_px or number is None or not number.isdigit() or int(number) <= 0:
+                raise _Refused(errors.SYNTAX_ERROR)
+            seen_px = True
+            expiry_ms = int(number)
+        else:
+            raise _Refused(errors.SYNTAX_ERROR)
+    return _SetOptions(condition, expiry_ms)
+
+
+def _parse_timestamp(text: str | None) -> Hlc | None:
+    if text is None:
+        return None
+    try:
+        return Hlc.parse(text)
+    except HlcError as exc:
+        raise _Refused(errors.MALFORMED_TIMESTAMP) from exc
+
+
+_ARITY = {b"GET": (2, 2), b"DEL": (2, 2), b"VDEL": (3, 3), b"KEYNOTIFY": (2, 3)}
+
+
+class StateStore:
+    def __init__(
+        self,
+        wall_clock: WallClock,
+        monotonic_clock: MonotonicClock,
+        *,
+        node_id: str = "statestore",
+        quota: int | None = None,
+        authorizer: Authorizer | None = None,
+        max_drift_ms: int = MAX_CLOCK_DRIFT_MS,
+    ) -> None:
+        self.clock = HybridLogicalClock(node_id, wall_clock, max_drift_ms)
+        self._wall_clock = wall_clock
+        self._monotonic = monotonic_clock
+        self.quota = quota
+        self._authorizer = authorizer
+        self._max_drift_ms = max_drift_ms
+        self._entries: dict[bytes, Entry] = {}
+        # key -> registered client ids, in registration order (dict as an ordered set)
+        self._watchers: dict[bytes, dict[str, None]] = {}
+        self._watched_by: dict[str, set[bytes]] = {}
+        # (deadline, key); stale when the key was rewritten or deleted since, skipped then.
+        self._deadlines: list[tuple[int, bytes]] = []
+
+    # ------------------------------------------------------------------ queries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entry(self, key: bytes) -> Entry | None:
+        return self._entries.get(key)
+
+    def registrations(self, client_id: str) -> set[bytes]:
+        return set(self._watched_by.get(client_id, ()))
+
+    def next_expiry_ms(self) -> int | None:
+        """The monotonic deadline of the key that expires first."""
+        self._drop_stale_deadlines()
+        return self._deadlines[0][0] if self._deadlines else None
+
+    def _drop_stale_deadlines(self) -> None:
+        while self._deadlines:
+            deadline, key = self._deadlines[0]
+            entry = self._entries.get(key)
+            if entry is not None and entry.expires_at_ms == deadline:
+                return
+            heapq.heappop(self._deadlines)
+
+    # ------------------------------------------------------------------ events
+
+    def handle(
+        self,
+        client_id: str,
+        payload: bytes,
+        timestamp: str | None = None,
+        fencing_token: str | None = None,
+    ) -> Outcome:
+        """Executes one request. `timestamp`/`fencing_token` are the `__ts`/`__ft` texts."""
+        notifications = self.expire()
+        try:
+            outcome = self._execute(client_id, payload, timestamp, fencing_token)
+        except _Refused as refused:
+            outcome = Outcome(Reply(encode_response(ErrorReply(refused.text)), self.clock.current))
+        if notifications:
+            outcome = Outcome(outcome.reply, notifications + outcome.notifications)
+        return outcome
+
+    def expire(self) -> list[KeyNotification]:
+        """Deletes every key whose deadline has passed, notifying DELETE for each."""
+        now = self._monotonic()
+        notifications: list[KeyNotification] = []
+        self._drop_stale_deadlines()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, key = heapq.heappop(self._deadlines)
+            del self._entries[key]
+            notifications += self._notify(key, Notification("DELETE"), self.clock.tick())
+            self._drop_stale_deadlines()
+        return notifications
+
+    def client_gone(self, client_id: str) -> None:
+        """The service keeps nothing for an absent client (protocol.md §7)."""
+        for key in self._watched_by.pop(client_id, set()):
+            watchers = self._watchers.get(key)
+            if watchers is not None:
+                watchers.pop(client_id, None)
+                if not watchers:
+                    del self._watchers[key]
+
+    # ------------------------------------------------------------------ internals
+
+    def _execute(
+        self, client_id: str, payload: bytes, ts_text: str | None, ft_text: str | None
+    ) -> Outcome:
+        try:
+            args = decode_request(payload)
+        except Resp3Error as exc:
+            raise _Refused(errors.SYNTAX_ERROR) from exc
+        command = args[0].upper()
+        if command == b"SET":
+            if len(args) < 3:
+                raise _Refused(errors.WRONG_NUMBER_OF_ARGUMENTS)
+        elif command in _ARITY:
+            low, high = _ARITY[command]
+            if not low <= len(args) <= high:
+                raise _Refused(errors.WRONG_NUMBER_OF_ARGUMENTS)
+        else:
+            raise _Refused(errors.UNKNOWN_COMMAND)
+        key = args[1]
+        if not key:
+            raise _Refused(errors.KEY_LENGTH_ZERO)
+        options = _parse_set_options(args[3:]) if command == b"SET" else None
+        if command == b"KEYNOTIFY" and len(args) == 3 and args[2].upper() != b"STOP":
+            raise _Refused(errors.SYNTAX_ERROR)
+
+        request_ts = _parse_timestamp(ts_text)
+        if request_ts is None and command == b"SET":
+            raise _Refused(errors.MISSING_TIMESTAMP)
+        token = _parse_timestamp(ft_text)
+        now = self._wall_clock()
+        if request_ts is not None and request_ts.drift_ms(now) > self._max_drift_ms:
+            raise _Refused(errors.TIMESTAMP_SKEW)
+        if token is not None and token.drift_ms(now) > self._max_drift_ms:
+            raise _Refused(errors.FENCING_TOKEN_SKEW)
+        if self._authorizer is not None and not self._authorizer(client_id, key):
+            raise _Refused(errors.NOT_AUTHORIZED)
+        if request_ts is not None:
+            self.clock.receive(request_ts)
+
+        if command == b"SET":
+            assert options is not None
+            return self._set(key, args[2], options, token)
+        if command == b"GET":
+            return self._get(key)
+        if command == b"DEL":
+            return self._delete(key, None, token)
+        if command == b"VDEL":
+            return self._delete(key, args[2], token)
+        return self._keynotify(client_id, key, stop=len(args) == 3)
+
+    def _check_fencing(self, entry: Entry | None, token: Hlc | None) -> None:
+        if entry is None or entry.fencing_token is None:
+            return
+        if token is None:
+            raise _Refused(errors.FENCING_TOKEN_REQUIRED)
+        if token < entry.fencing_token:
+            raise _Refused(errors.FENCING_TOKEN_LOWER_VERSION)
+
+    def _set(self, key: bytes, value: bytes, options: _SetOptions, token: Hlc | None) -> Outcome:
+        entry = self._entries.get(key)
+        self._check_fencing(entry, token)
+        if entry is not None and (
+            options.condition == b"NX" or (options.condition == b"NEX" and entry.value != value)
+        ):
+            return Outcome(Reply(encode_response(-1), entry.version))
+        if entry is None and self.quota is not None and len(self._entries) >= self.quota:
+            raise _Refused(errors.QUOTA_EXCEEDED)
+        version = self.clock.tick()
+        stored_token = entry.fencing_token if entry is not None else None
+        if token is not None and (stored_token is None or token > stored_token):
+            stored_token = token
+        expires = None if options.expiry_ms is None else self._monotonic() + options.expiry_ms
+        self._entries[key] = Entry(value, version, stored_token, expires)
+        if expires is not None:
+            heapq.heappush(self._deadlines, (expires, key))
+        return Outcome(
+            Reply(encode_response(OK), version),
+            self._notify(key, Notification("SET", value), version),
+        )
+
+    def _get(self, key: bytes) -> Outcome:
+        entry = self._entries.get(key)
+        if entry is None:
+            return Outcome(Reply(encode_response(None), None))
+        return Outcome(Reply(encode_response(entry.value), entry.version))
+
+    def _delete(self, key: bytes, expected: bytes | None, token: Hlc | None) -> Outcome:
+        entry = self._entries.get(key)
+        self._check_fencing(entry, token)
+        now = self.clock.tick()
+        result: Response
+        if entry is None:
+            result = 0
+        elif expected is not None and entry.value != expected:
+            result = -1
+        else:
+            del self._entries[key]
+            reply = Reply(encode_response(1), now)
+            return Outcome(reply, self._notify(key, Notification("DELETE"), now))
+        return Outcome(Reply(encode_response(result), now))
+
+    def _keynotify(self, client_id: str, key: bytes, *, stop: bool) -> Outcome:
+        now = self.clock.tick()
+        watchers = self._watchers.get(key)
+        if stop:
+            if watchers is None or client_id not in watchers:
+                return Outcome(Reply(encode_response(0), now))
+            del watchers[client_id]
+            if not watchers:
+                del self._watchers[key]
+            self._watched_by[client_id].discard(key)
+            return Outcome(Reply(encode_response(OK), now))
+        self._watchers.setdefault(key, {})[client_id] = None
+        self._watched_by.setdefault(client_id, set()).add(key)
+        return Outcome(Reply(encode_response(OK), now))
+
+    def _notify(self, key: bytes, notification: Notification, ts: Hlc) -> list[KeyNotification]:
+        watchers = self._watchers.get(key)
+        if not watchers:
+            return []
+        payload = encode_notification(notification)
+        return [KeyNotification(client, key, payload, ts) for client in watchers]

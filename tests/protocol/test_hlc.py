@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.protocol.hlc import (
+    MAX_COUNTER,
+    ClockDrift,
+    CounterOverflow,
+    Hlc,
+    HybridLogicalClock,
+    MalformedTimestamp,
+)
+
+
+class FakeWall:
+    def __init__(self, now: int = 1_696_374_425_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_format_is_zero_padded() -> None:
+    assert str(Hlc(1_696_374_425_000, 0, "CLIENT")) == "001696374425000:00000:CLIENT"
+    assert str(Hlc(5, 42, "n")) == "000000000000005:00042:n"
+
+
+def test_parse_example_and_lenient_padding() -> None:
+    assert Hlc.parse("001696374425000:00000:CLIENT") == Hlc(1_696_374_425_000, 0, "CLIENT")
+    assert Hlc.parse("1696374425000:7:CLIENT") == Hlc(1_696_374_425_000, 7, "CLIENT")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "1:2",
+        "1:2:3:4",
+        "a:0:n",
+        "1:b:n",
+        "-1:0:n",
+        "1:-1:n",
+        "+1:0:n",
+        " 1:0:n",
+        "1_000:0:n",
+        "1.5:0:n",
+        ":0:n",
+        "1::n",
+        "1000000000000000:0:n",
+        f"1:{MAX_COUNTER + 1}:n",
+        "١٢:0:n",  # non-ASCII digits
+    ],
+)
+def test_parse_rejects(text: str) -> None:
+    with pytest.raises(MalformedTimestamp):
+        Hlc.parse(text)
+
+
+@given(
+    st.integers(0, 999_999_999_999_999),
+    st.integers(0, MAX_COUNTER),
+    st.text(st.characters(blacklist_characters=":"), max_size=20),
+)
+def test_format_parse_round_trip(wall: int, counter: int, node: str) -> None:
+    ts = Hlc(wall, counter, node)
+    assert Hlc.parse(str(ts)) == ts
+
+
+def test_total_order_wall_then_counter_then_node_bytes() -> None:
+    a = Hlc(1, 5, "z")
+    b = Hlc(2, 0, "a")
+    c = Hlc(2, 1, "a")
+    d = Hlc(2, 1, "b")
+    assert a < b < c < d
+    assert sorted([d, c, b, a]) == [a, b, c, d]
+    # Byte-wise: upper case sorts before lower case.
+    assert Hlc(1, 1, "Z") < Hlc(1, 1, "a")
+
+
+@given(st.text(min_size=1, max_size=3), st.text(min_size=1, max_size=3))
+def test_node_order_is_bytewise(x: str, y: str) -> None:
+    x, y = x.replace(":", ""), y.replace(":", "")
+    assert (Hlc(1, 1, x) < Hlc(1, 1, y)) == (x.encode() < y.encode())
+
+
+def test_tick_takes_wall_clock_when_ahead_else_counts() -> None:
+    wall = FakeWall(1000)
+    clock = HybridLogicalClock("me", wall)
+    assert clock.tick() == Hlc(1000, 0, "me")
+    assert clock.tick() == Hlc(1000, 1, "me")
+    wall.now = 1001
+    assert clock.tick() == Hlc(1001, 0, "me")
+
+
+def test_tick_is_monotonic_when_the_wall_clock_steps_back() -> None:
+    wall = FakeWall(10_000)
+    clock = HybridLogicalClock("me", wall)
+    first = clock.tick()
+    wall.now = 9_000
+    assert clock.tick() > first
+
+
+def test_receive_takes_the_maximum() -> None:
+    wall = FakeWall(1000)
+    clock = HybridLogicalClock("me", wall)
+    clock.tick()
+    assert clock.receive(Hlc(5000, 3, "other")) == Hlc(5000, 4, "me")
+    assert clock.receive(Hlc(5000, 9, "other")) == Hlc(5000, 10, "me")
+    assert clock.receive(Hlc(10, 9, "other")) == Hlc(5000, 11, "me")
+    wall.now = 6000
+    assert clock.receive(Hlc(10, 9, "other")) == Hlc(6000, 0, "me")
+
+
+def test_receive_ignores_own_node() -> None:
+    clock = HybridLogicalClock("me", FakeWall(1000))
+    before = clock.tick()
+    assert clock.receive(Hlc(9_999_999, 0, "me")) == before
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2000), st.integers(0, 50)), max_size=50))
+def test_clock_never_goes_back(events: list[tuple[bool, int, int]]) -> None:
+    wall = FakeWall(1000)
+    clock = HybridLogicalClock("me", wall, max_drift_ms=10**9)
+    last = clock.current
+    for is_receive, when, counter in events:
+        wall.now = when
+        nxt = clock.receive(Hlc(when + 100, counter, "peer")) if is_receive else clock.tick()
+        assert nxt > last
+        last = nxt
+
+
+def test_counter_overflow_is_an_error() -> None:
+    clock = HybridLogicalClock("me", FakeWall(1000))
+    clock.receive(Hlc(1000, MAX_COUNTER - 1, "peer"))
+    with pytest.raises(CounterOverflow):
+        clock.tick()
+    with pytest.raises(CounterOverflow):
+        clock.receive(Hlc(1000, MAX_COUNTER, "peer"))
+
+
+def test_skew_check_refuses_a_clock_too_far_ahead() -> None:
+    wall = FakeWall(100_000)
+    clock = HybridLogicalClock("me", wall)
+    clock.receive(Hlc(160_000, 0, "peer"))  # 60 s ahead: still fine
+    clock.check_usable()
+    clock.receive(Hlc(160_001, 0, "peer"))
+    with pytest.raises(ClockDrift):
+        clock.check_usable()
+    wall.now = 100_100  # the wall clock catches up
+    clock.check_usable()
+    assert clock.tick() > Hlc(160_001, 0, "peer")
+
+
+def test_node_id_cannot_hold_a_colon() -> None:
+    with pytest.raises(ValueError):
+        HybridLogicalClock("a:b", FakeWall())
