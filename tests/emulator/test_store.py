@@ -537,6 +537,7 @@ def test_matches_a_dictionary_model(ops: list[tuple[str, bytes, bytes]]) -> None
             assert result(call(store, "VDEL", key, value)) == expected
             if expected == 1:
                 del model[key]
+    store.expire()
     assert len(store) == len(model)
 
 
