@@ -1,0 +1,772 @@
+"""The MQTT session layer, against real brokers: mosquitto, and raw listeners for what mosquitto
+will not do (refuse MQTT 5, never answer CONNECT)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import shutil
+import ssl
+import subprocess
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.client.session import (
+    AuthenticationFailed,
+    Message,
+    NotConnected,
+    ProtocolVersionRefused,
+    PublishFailed,
+    Session,
+    SessionError,
+    SessionTimeout,
+    SubscribeFailed,
+    backoff_delay,
+    build_ssl_context,
+    topic_matches,
+    validate_topic,
+    validate_topic_filter,
+)
+from agent.config import MqttSettings, TlsSettings
+from tests.client.conftest import (
+    KEY_PASSWORD,
+    ConfiguredMosquitto,
+    LogWatch,
+    Pki,
+    RawBroker,
+    fast_settings,
+)
+from tests.support.mosquitto import Mosquitto
+from tests.support.ports import free_port
+
+RawBrokerFactory = Callable[..., Awaitable[RawBroker]]
+
+# MQTT 5 CONNACK: flags 0, reason 0x84 "unsupported protocol version", no properties.
+CONNACK_V5_UNSUPPORTED = bytes([0x20, 0x03, 0x00, 0x84, 0x00])
+# MQTT 5 CONNACK: success, no properties (so Receive Maximum is the default 65535).
+CONNACK_SUCCESS = bytes([0x20, 0x03, 0x00, 0x00, 0x00])
+# What a 3.1.1-only broker answers an MQTT 5 CONNECT: return code 1.
+CONNACK_V311_UNACCEPTABLE = bytes([0x20, 0x02, 0x00, 0x01])
+
+
+def unique(prefix: str = "test") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def started(settings: MqttSettings, client_id: str | None = None) -> Session:
+    session = Session(settings, client_id=client_id or unique())
+    await session.start(timeout=5)
+    return session
+
+
+class Inbox:
+    """A sync handler that keeps messages and lets the test await them."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Message] = asyncio.Queue()
+
+    def __call__(self, message: Message) -> None:
+        self.queue.put_nowait(message)
+
+    async def get(self, within: float = 5.0) -> Message:
+        return await asyncio.wait_for(self.queue.get(), within)
+
+
+# --- Pure helpers ----------------------------------------------------------------------------
+
+
+def test_backoff_ceiling_doubles_up_to_the_maximum() -> None:
+    bounds: list[tuple[float, float]] = []
+
+    def record(low: float, high: float) -> float:
+        bounds.append((low, high))
+        return high
+
+    delays = [backoff_delay(n, 0.5, 30.0, record) for n in range(9)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert all(low == 0.0 for low, _ in bounds)
+    assert backoff_delay(10_000, 0.5, 30.0, record) == 30.0  # no overflow on long outages
+
+
+def test_backoff_full_jitter_with_a_seeded_random() -> None:
+    rng = random.Random(1234)
+    delays = [backoff_delay(n, 0.5, 30.0, rng.uniform) for n in range(12)]
+    same = random.Random(1234)
+    assert delays == [backoff_delay(n, 0.5, 30.0, same.uniform) for n in range(12)]
+    for n, delay in enumerate(delays):
+        assert 0.0 <= delay <= min(30.0, 0.5 * 2**n)
+    # Full jitter spreads attempts over the whole interval, not around one value.
+    spread = [backoff_delay(3, 0.5, 30.0, rng.uniform) for _ in range(2000)]
+    assert min(spread) < 0.4 and max(spread) > 3.6
+    assert len(set(spread)) == len(spread)
+
+
+@given(
+    attempt=st.integers(min_value=0, max_value=10**6),
+    minimum=st.floats(min_value=0.001, max_value=10),
+    extra=st.floats(min_value=0, max_value=100),
+    seed=st.integers(),
+)
+def test_backoff_stays_within_bounds(attempt: int, minimum: float, extra: float, seed: int) -> None:
+    maximum = minimum + extra
+    delay = backoff_delay(attempt, minimum, maximum, random.Random(seed).uniform)
+    assert 0.0 <= delay <= min(maximum, minimum * 2.0 ** min(attempt, 64))
+
+
+def test_backoff_rejects_a_negative_attempt() -> None:
+    with pytest.raises(ValueError):
+        backoff_delay(-1, 0.5, 30.0)
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "topic", "expected"),
+    [
+        ("a/b", "a/b", True),
+        ("a/b", "a/c", False),
+        ("a/+", "a/b", True),
+        ("a/+", "a/b/c", False),
+        ("a/+", "a/", True),
+        ("+/b", "a/b", True),
+        ("a/#", "a", True),
+        ("a/#", "a/b/c", True),
+        ("a/#", "b", False),
+        ("#", "a/b", True),
+        ("#", "$SYS/x", False),
+        ("+/x", "$SYS/x", False),
+        ("$SYS/#", "$SYS/broker/log", True),
+        ("$share/g/a/+", "a/b", True),
+        ("$share/g/a/+", "b/b", False),
+        ("a/b/c", "a/b", False),
+        ("a/b", "a/b/c", False),
+    ],
+)
+def test_topic_matches(topic_filter: str, topic: str, expected: bool) -> None:
+    assert topic_matches(topic_filter, topic) is expected
+
+
+level = st.text(alphabet="abc", max_size=3)
+
+
+@given(st.lists(level, min_size=1, max_size=5), st.data())
+def test_topic_matches_itself_and_wildcards(levels: list[str], data: st.DataObject) -> None:
+    topic = "/".join(levels)
+    assert topic_matches(topic, topic)
+    assert topic_matches("#", topic)
+    index = data.draw(st.integers(0, len(levels) - 1))
+    assert topic_matches("/".join([*levels[:index], "+", *levels[index + 1 :]]), topic)
+    assert topic_matches("/".join([*levels[:index], "#"]), topic)
+
+
+@pytest.mark.parametrize("topic_filter", ["", "a/#/b", "a#", "a/b+", "$share/g", "$share//a"])
+def test_invalid_topic_filters(topic_filter: str) -> None:
+    with pytest.raises(ValueError):
+        validate_topic_filter(topic_filter)
+
+
+@pytest.mark.parametrize("topic", ["", "a/+", "a/#", "a\x00b"])
+def test_invalid_topics(topic: str) -> None:
+    with pytest.raises(ValueError):
+        validate_topic(topic)
+
+
+def test_ssl_context_from_settings(pki: Pki) -> None:
+    assert build_ssl_context(TlsSettings()) is None
+    context = build_ssl_context(TlsSettings(ca_file=pki.ca))
+    assert context is not None
+    assert context.check_hostname and context.verify_mode == ssl.CERT_REQUIRED
+    assert build_ssl_context(
+        TlsSettings(
+            ca_file=pki.ca,
+            cert_file=pki.client_cert,
+            key_file=pki.client_key_encrypted,
+            key_password=KEY_PASSWORD,  # type: ignore[arg-type]
+        )
+    )
+
+
+def test_encrypted_key_without_or_with_a_wrong_password(pki: Pki) -> None:
+    # Never an interactive OpenSSL prompt: a clear error naming the setting instead.
+    with pytest.raises(SessionError, match="key_password"):
+        build_ssl_context(TlsSettings(cert_file=pki.client_cert, key_file=pki.client_key_encrypted))
+    with pytest.raises(SessionError, match=r"mqtt\.tls") as raised:
+        build_ssl_context(
+            TlsSettings(
+                cert_file=pki.client_cert,
+                key_file=pki.client_key_encrypted,
+                key_password="wrong-secret",  # type: ignore[arg-type]
+            )
+        )
+    assert "wrong-secret" not in str(raised.value)
+
+
+def test_client_id_comes_from_the_argument_then_the_settings_then_is_unique() -> None:
+    settings = MqttSettings(client_id="from-settings")
+    assert Session(settings, client_id="explicit").client_id == "explicit"
+    assert Session(settings).client_id == "from-settings"
+    one, two = Session(MqttSettings()), Session(MqttSettings())
+    assert one.client_id != two.client_id
+    with pytest.raises(ValueError):
+        Session(MqttSettings(), client_id="a/b")
+
+
+# --- Against mosquitto -----------------------------------------------------------------------
+
+
+async def test_round_trip_keeps_every_property(mosquitto: Mosquitto) -> None:
+    session = await started(fast_settings(mosquitto.port))
+    try:
+        inbox = Inbox()
+        await session.subscribe("props/+", inbox)
+        user_properties = [("name", "1"), ("name", "2"), ("other", "ünïcode"), ("name", "3")]
+        await session.publish(
+            "props/x",
+            b"\x00\xffpayload",
+            response_topic="props-reply/x",
+            correlation_data=b"\x00\x01\xfe\xff",
+            content_type="application/octet-stream",
+            message_expiry_interval=120,
+            user_properties=user_properties,
+            timeout=5,
+        )
+        message = await inbox.get()
+        assert message.topic == "props/x"
+        assert message.payload == b"\x00\xffpayload"
+        assert message.qos == 1 and message.retain is False
+        assert message.response_topic == "props-reply/x"
+        assert message.correlation_data == b"\x00\x01\xfe\xff"
+        assert message.content_type == "application/octet-stream"
+        # The broker may count the expiry down by the time the message spent with it.
+        assert message.message_expiry_interval in (119, 120)
+        assert message.user_properties == user_properties
+        assert message.user_property("name") == "1"
+
+        await session.publish("props/y", b"", qos=0)
+        bare = await inbox.get()
+        assert (bare.payload, bare.qos, bare.response_topic, bare.user_properties) == (
+            b"",
+            0,
+            None,
+            [],
+        )
+    finally:
+        await session.stop()
+
+
+async def test_resubscribes_and_runs_hooks_in_order_after_a_broker_restart(
+    mosquitto: Mosquitto,
+) -> None:
+    session = Session(fast_settings(mosquitto.port), client_id=unique())
+    inbox = Inbox()
+    events: list[str] = []
+    hooks_done = asyncio.Event()
+    disconnected = asyncio.Event()
+
+    async def first_hook() -> None:
+        events.append(f"hook1 connected={session.connected}")
+        # Delivered only if the subscription was SUBACKed before this hook ran: the restarted
+        # broker (no persistence) has forgotten every subscription.
+        await session.publish("restart/hook", b"from-hook1")
+
+    async def second_hook() -> None:
+        events.append("hook2")
+        hooks_done.set()
+
+    def on_disconnect() -> None:
+        events.append("disconnected")
+        disconnected.set()
+
+    await session.subscribe("restart/#", inbox)  # before start: made by the first connect
+    session.on_connect(first_hook)
+    session.on_connect(second_hook)
+    session.on_disconnect(on_disconnect)
+    await session.start(timeout=5)
+    try:
+        assert events == ["hook1 connected=True", "hook2"]
+        assert (await inbox.get()).payload == b"from-hook1"
+
+        events.clear()
+        hooks_done.clear()
+        await asyncio.to_thread(mosquitto.restart)
+        back_at = time.monotonic()
+        await asyncio.wait_for(hooks_done.wait(), 5)
+        # Backoff between 0.05 and 0.2 s: back within a few attempts once the broker is.
+        assert time.monotonic() - back_at < 1.5
+        assert disconnected.is_set()
+        assert events == ["disconnected", "hook1 connected=True", "hook2"]
+        assert (await inbox.get()).payload == b"from-hook1"
+
+        other = await started(fast_settings(mosquitto.port))
+        try:
+            await other.publish("restart/from-other", b"hello")
+        finally:
+            await other.stop()
+        assert (await inbox.get()).topic == "restart/from-other"
+    finally:
+        await session.stop()
+
+
+async def test_first_connect_retries_until_the_broker_starts(log_watch: LogWatch) -> None:
+    broker = Mosquitto(port=free_port())  # not started yet
+    session = Session(fast_settings(broker.port, connect_timeout_s=1.0), client_id=unique())
+    starting = asyncio.create_task(session.start(timeout=10))
+    try:
+        await log_watch.wait_for("could not connect")
+        assert not starting.done()
+        await asyncio.to_thread(broker.start)
+        await asyncio.wait_for(starting, 10)
+        assert session.connected
+        await session.publish("first/connect", b"ok")
+        # Every retry was announced with a delay within the configured bounds.
+        for record in log_watch.matching("could not connect"):
+            assert isinstance(record.args, tuple)
+            delay = record.args[-1]
+            assert isinstance(delay, float) and 0.0 <= delay <= 0.2
+    finally:
+        await session.stop()
+        broker.stop()
+
+
+async def test_start_times_out_with_a_clear_error_when_no_broker_comes() -> None:
+    port = free_port()
+    session = Session(fast_settings(port), client_id=unique())
+    started_at = time.monotonic()
+    with pytest.raises(SessionTimeout) as raised:
+        await session.start(timeout=0.5)
+    assert time.monotonic() - started_at < 2
+    message = str(raised.value)
+    assert f"127.0.0.1:{port}" in message and "within 0.5 s" in message
+    assert "ConnectionRefusedError" in message
+    assert isinstance(raised.value, TimeoutError)
+    await asyncio.wait_for(session.wait_closed(), 1)  # a failed start leaves it stopped
+    with pytest.raises(NotConnected):
+        await session.publish("x", b"y")
+
+
+async def test_each_attempt_times_out_without_connack_and_is_retried(
+    raw_broker: RawBrokerFactory,
+) -> None:
+    broker = await raw_broker(None)  # accepts, reads CONNECT, never answers
+    settings = fast_settings(
+        broker.port, connect_timeout_s=0.3, reconnect_min_s=0.01, reconnect_max_s=0.02
+    )
+    session = Session(settings, client_id=unique())
+    with pytest.raises(SessionTimeout, match=r"no CONNACK within 0\.3 s"):
+        await session.start(timeout=1.2)
+    attempts = len(broker.connects)
+    assert attempts >= 3
+    gaps = [b.at - a.at for a, b in zip(broker.connects, broker.connects[1:], strict=False)]
+    assert all(gap >= 0.28 for gap in gaps), gaps
+    # The client hung up every half-open connection it gave up on.
+    await broker.wait_for(lambda: broker.closed_by_client == attempts)
+
+
+async def test_200_concurrent_qos1_publishes_through_receive_maximum_20(
+    mosquitto: Mosquitto,
+) -> None:
+    session = await started(fast_settings(mosquitto.port))
+    try:
+        # mosquitto's default max_inflight_messages is 20, sent as Receive Maximum in CONNACK.
+        assert session.inflight_limit is not None and session.inflight_limit < 20
+        received: set[bytes] = set()
+        all_received = asyncio.Event()
+
+        def count(message: Message) -> None:
+            received.add(message.payload)
+            if len(received) == 200:
+                all_received.set()
+
+        await session.subscribe("load/+", count)
+        results = await asyncio.gather(
+            *(session.publish(f"load/{i % 7}", str(i).encode(), timeout=10) for i in range(200))
+        )
+        assert results == [None] * 200
+        await asyncio.wait_for(all_received.wait(), 5)
+    finally:
+        await session.stop()
+
+
+async def test_publish_while_disconnected(mosquitto: Mosquitto) -> None:
+    session = await started(fast_settings(mosquitto.port))
+    inbox = Inbox()
+    await session.subscribe("offline/#", inbox)
+    down = asyncio.Event()
+    session.on_disconnect(down.set)
+    try:
+        await asyncio.to_thread(mosquitto.stop)
+        await asyncio.wait_for(down.wait(), 5)
+        assert not session.connected
+
+        began = time.monotonic()
+        with pytest.raises(NotConnected):
+            await session.publish("offline/now", b"x", timeout=5)
+        assert time.monotonic() - began < 0.5  # at once, not after the timeout
+
+        with pytest.raises(SessionTimeout, match="no connection"):
+            await session.publish("offline/late", b"x", timeout=0.2, wait_connected=True)
+
+        pending = asyncio.create_task(
+            session.publish("offline/queued", b"sent later", timeout=10, wait_connected=True)
+        )
+        await asyncio.to_thread(mosquitto.start)
+        await asyncio.wait_for(pending, 10)
+        message = await inbox.get()
+        assert (message.topic, message.payload) == ("offline/queued", b"sent later")
+    finally:
+        await session.stop()
+
+
+async def test_publish_in_flight_when_the_link_drops_fails_with_not_connected(
+    raw_broker: RawBrokerFactory,
+) -> None:
+    # CONNACK success (Receive Maximum default), then never a PUBACK; the test drops the link.
+    broker = await raw_broker(CONNACK_SUCCESS)
+    session = await started(fast_settings(broker.port, reconnect_min_s=5, reconnect_max_s=5))
+    try:
+        publishing = asyncio.create_task(session.publish("x", b"y", timeout=5))
+        await asyncio.sleep(0)  # let it send
+        await broker.stop()
+        with pytest.raises(NotConnected, match="before the acknowledgement"):
+            await publishing
+    finally:
+        await session.stop()
+
+
+async def test_window_stays_taken_until_the_puback_even_after_a_timeout(
+    raw_broker: RawBrokerFactory,
+) -> None:
+    # CONNACK with Receive Maximum 3 (property 0x21); the raw broker never sends a PUBACK.
+    broker = await raw_broker(bytes([0x20, 0x06, 0x00, 0x00, 0x03, 0x21, 0x00, 0x03]))
+    session = await started(fast_settings(broker.port))
+    try:
+        # gmqtt's packet id pool holds Receive Maximum - 1 ids.
+        assert session.inflight_limit == 2
+        for _ in range(2):
+            with pytest.raises(SessionTimeout, match=r"no PUBACK within 0\.1 s"):
+                await session.publish("w/x", b"1", timeout=0.1)
+        # The two unacknowledged publishes still hold the window: the broker has them.
+        with pytest.raises(SessionTimeout, match="no room in the in-flight window"):
+            await session.publish("w/x", b"3", timeout=0.1)
+        await session.publish("w/x", b"qos0", qos=0, timeout=0.1)  # QoS 0 takes no packet id
+    finally:
+        await session.stop()
+
+
+async def test_stop_while_start_waits(raw_broker: RawBrokerFactory) -> None:
+    broker = await raw_broker(None)
+    session = Session(fast_settings(broker.port), client_id=unique())
+    starting = asyncio.create_task(session.start(timeout=10))
+    await broker.wait_for(lambda: len(broker.connects) == 1)
+    await session.stop()
+    with pytest.raises(NotConnected, match="stopped before it connected"):
+        await starting
+    await broker.wait_for(lambda: broker.closed_by_client == 1)
+
+
+async def test_session_taken_over_is_reported(
+    raw_broker: RawBrokerFactory, log_watch: LogWatch
+) -> None:
+    # What a broker sends the older of two clients with the same client id: DISCONNECT 0x8E.
+    # (mosquitto 2.0.11 just closes the socket.)
+    broker = await raw_broker(CONNACK_SUCCESS, publish_reply=bytes([0xE0, 0x01, 0x8E]))
+    session = await started(fast_settings(broker.port))
+    try:
+        await session.publish("x", b"y", qos=0)
+        record = await log_watch.wait_for("another client connected with the same client id")
+        assert record.levelno == logging.WARNING and session.client_id in record.getMessage()
+    finally:
+        await session.stop()
+
+
+async def test_mqtt5_refused_with_connack_0x84_is_fatal(raw_broker: RawBrokerFactory) -> None:
+    broker = await raw_broker(CONNACK_V5_UNSUPPORTED)
+    session = Session(fast_settings(broker.port), client_id=unique())
+    with pytest.raises(ProtocolVersionRefused, match="MQTT 5") as raised:
+        await session.start(timeout=5)
+    assert raised.value.reason_code == 0x84 and raised.value.fatal
+    assert session.error is raised.value
+    assert [c.protocol_level for c in broker.connects] == [5]  # no retry, no 3.1.1 fallback
+
+
+async def test_mqtt5_refused_by_a_311_broker_is_fatal_without_fallback(
+    raw_broker: RawBrokerFactory,
+) -> None:
+    broker = await raw_broker(CONNACK_V311_UNACCEPTABLE)
+    session = Session(fast_settings(broker.port), client_id=unique())
+    with pytest.raises(ProtocolVersionRefused, match=r"does not fall back to MQTT 3\.1\.1"):
+        await session.start(timeout=5)
+    # gmqtt would silently reconnect with protocol level 4; the session refuses.
+    assert [c.protocol_level for c in broker.connects] == [5]
+    with pytest.raises(ProtocolVersionRefused):
+        await session.wait_closed()
+
+
+async def test_refused_subscription_raises_and_is_not_kept(raw_broker: RawBrokerFactory) -> None:
+    # mosquitto's ACL grants every SUBSCRIBE (it checks read access on delivery), so a raw
+    # broker plays one that refuses: SUBACK 0x87 "not authorized".
+    broker = await raw_broker(CONNACK_SUCCESS, 0x87)
+    session = await started(fast_settings(broker.port))
+    try:
+        with pytest.raises(SubscribeFailed, match="0x87") as raised:
+            await session.subscribe("secret/#", Inbox())
+        assert raised.value.reason_code == 0x87 and raised.value.topic_filter == "secret/#"
+        # Not re-subscribed after a reconnect.
+        broker.drop_clients()
+        await broker.wait_for(lambda: len(broker.connects) == 2)
+        await session.wait_connected(5)
+        assert broker.subscribed == ["secret/#"]
+    finally:
+        await session.stop()
+
+
+@pytest.mark.parametrize(("keepalive", "expected"), [(None, 10), (3, 3)])
+async def test_keepalive_in_connect(
+    raw_broker: RawBrokerFactory, keepalive: int | None, expected: int
+) -> None:
+    broker = await raw_broker(None)
+    overrides = {} if keepalive is None else {"keepalive_s": keepalive}
+    session = Session(fast_settings(broker.port, **overrides), client_id=unique())
+    await session.start(wait=False)
+    try:
+        await broker.wait_for(lambda: len(broker.connects) >= 1)
+    finally:
+        await session.stop()
+    connect = broker.connects[0]
+    assert connect.keepalive == expected
+    assert connect.protocol_level == 5 and connect.clean_start and not connect.has_username
+
+
+async def test_handler_awaiting_a_round_trip_through_the_same_session(
+    mosquitto: Mosquitto,
+) -> None:
+    session = await started(fast_settings(mosquitto.port))
+    try:
+        waiting: dict[bytes, asyncio.Future[bytes]] = {}
+        late = Inbox()
+        outcome: asyncio.Future[tuple[bytes, bytes]] = asyncio.get_running_loop().create_future()
+
+        def on_response(message: Message) -> None:  # sync: runs as the packet is read
+            assert message.correlation_data is not None
+            waiting.pop(message.correlation_data).set_result(message.payload)
+
+        async def service(message: Message) -> None:  # another async handler answers
+            assert message.response_topic is not None
+            await session.publish(
+                message.response_topic,
+                b"pong:" + message.payload,
+                correlation_data=message.correlation_data,
+            )
+
+        async def request(payload: bytes) -> bytes:
+            correlation = uuid.uuid4().bytes
+            # Registered before sending: the response may well arrive before our PUBACK.
+            response = waiting[correlation] = asyncio.get_running_loop().create_future()
+            await session.publish(
+                "rt/service", payload, response_topic="rt/response", correlation_data=correlation
+            )
+            return await asyncio.wait_for(response, 5)
+
+        async def on_trigger(message: Message) -> None:
+            try:
+                answer = await request(message.payload)
+                # A subscribe/publish round trip from inside a handler, too.
+                await session.subscribe("rt/late", late)
+                await session.publish("rt/late", b"late")
+                outcome.set_result((answer, (await late.get()).payload))
+            except Exception as exc:  # report it instead of letting the session log it
+                outcome.set_exception(exc)
+
+        await session.subscribe("rt/response", on_response)
+        await session.subscribe("rt/service", service)
+        await session.subscribe("rt/trigger", on_trigger)
+        await session.publish("rt/trigger", b"ping")
+        assert await asyncio.wait_for(outcome, 5) == (b"pong:ping", b"late")
+    finally:
+        await session.stop()
+
+
+async def test_async_handler_gets_messages_in_order(mosquitto: Mosquitto) -> None:
+    session = await started(fast_settings(mosquitto.port))
+    try:
+        seen: list[int] = []
+        done = asyncio.Event()
+
+        async def slow(message: Message) -> None:
+            await asyncio.sleep(0.001 * (int(message.payload) % 3))  # interleaving bait
+            seen.append(int(message.payload))
+            if len(seen) == 50:
+                done.set()
+
+        await session.subscribe("order/x", slow)
+        for i in range(50):
+            await session.publish("order/x", str(i).encode())
+        await asyncio.wait_for(done.wait(), 5)
+        assert seen == list(range(50))
+    finally:
+        await session.stop()
+
+
+async def test_unsubscribe_and_handler_errors(mosquitto: Mosquitto, log_watch: LogWatch) -> None:
+    session = await started(fast_settings(mosquitto.port))
+    try:
+        specific, wildcard = Inbox(), Inbox()
+
+        def broken(message: Message) -> None:
+            raise RuntimeError("handler bug")
+
+        await session.subscribe("unsub/a", specific)
+        await session.subscribe("unsub/a", broken)
+        await session.subscribe("unsub/+", wildcard)
+        await session.publish("unsub/a", b"1")
+        assert (await specific.get()).payload == b"1"
+        assert (await wildcard.get()).payload == b"1"
+        assert log_watch.matching("failed on a message to 'unsub/a'")
+
+        await session.unsubscribe("unsub/a", broken)
+        await session.unsubscribe("unsub/a")
+        await session.publish("unsub/a", b"2")
+        assert (await wildcard.get()).payload == b"2"
+        assert specific.queue.empty()  # dispatch is synchronous: it would be there by now
+    finally:
+        await session.stop()
+
+
+async def test_stop_disconnects_cleanly(mosquitto: Mosquitto) -> None:
+    watcher = await started(fast_settings(mosquitto.port))
+    broker_log = Inbox()
+    await watcher.subscribe("$SYS/broker/log/#", broker_log)
+    disconnects: list[str] = []
+    async with Session(fast_settings(mosquitto.port), client_id=unique("stopper")) as session:
+        session.on_disconnect(lambda: disconnects.append("down"))
+        assert session.connected
+    try:
+        assert not session.connected and disconnects == ["down"]
+        await asyncio.wait_for(session.wait_closed(), 1)
+        with pytest.raises(NotConnected):
+            await session.publish("x", b"y", wait_connected=True)
+        # mosquitto logs "disconnected" for a DISCONNECT, "closed its connection" otherwise.
+        while (
+            f"Client {session.client_id} disconnected"
+            not in (await broker_log.get()).payload.decode()
+        ):
+            pass
+    finally:
+        await watcher.stop()
+
+
+# --- TLS and credentials ---------------------------------------------------------------------
+
+TLS_CONFIG = """\
+listener {{port}} 127.0.0.1
+cafile {ca}
+certfile {cert}
+keyfile {key}
+require_certificate true
+allow_anonymous true
+persistence false
+log_dest stderr
+"""
+
+
+@pytest.fixture
+def tls_mosquitto(
+    pki: Pki, configured_mosquitto: Callable[[str], ConfiguredMosquitto]
+) -> ConfiguredMosquitto:
+    return configured_mosquitto(
+        TLS_CONFIG.format(ca=pki.ca, cert=pki.server_cert, key=pki.server_key)
+    )
+
+
+async def test_tls_with_a_client_certificate(tls_mosquitto: Mosquitto, pki: Pki) -> None:
+    tls = {"ca_file": pki.ca, "cert_file": pki.client_cert, "key_file": pki.client_key}
+    session = await started(fast_settings(tls_mosquitto.port, tls=tls))
+    try:
+        inbox = Inbox()
+        await session.subscribe("tls/x", inbox)
+        await session.publish("tls/x", b"secure", correlation_data=b"c")
+        assert (await inbox.get()).payload == b"secure"
+    finally:
+        await session.stop()
+
+
+async def test_tls_without_the_required_client_certificate_is_refused(
+    tls_mosquitto: Mosquitto, pki: Pki
+) -> None:
+    session = Session(fast_settings(tls_mosquitto.port, tls={"ca_file": pki.ca}))
+    with pytest.raises(SessionTimeout, match=r"could not connect.*client certificate"):
+        await session.start(timeout=1)
+
+
+async def test_tls_rejects_a_broker_certificate_from_another_ca(
+    tls_mosquitto: Mosquitto, pki: Pki
+) -> None:
+    tls = {"ca_file": pki.other_ca, "cert_file": pki.client_cert, "key_file": pki.client_key}
+    session = Session(fast_settings(tls_mosquitto.port, tls=tls))
+    with pytest.raises(SessionTimeout, match="CERTIFICATE_VERIFY_FAILED"):
+        await session.start(timeout=1)
+
+
+AUTH_CONFIG = """\
+listener {{port}} 127.0.0.1
+allow_anonymous false
+password_file {passwords}
+acl_file {acl}
+persistence false
+log_dest stderr
+"""
+ACL = "user agent\ntopic readwrite ok/#\ntopic read readonly/#\n"
+PASSWORD = "s3cret-Pa55"
+
+
+@pytest.fixture
+def auth_mosquitto(
+    tmp_path: Path, configured_mosquitto: Callable[[str], ConfiguredMosquitto]
+) -> ConfiguredMosquitto:
+    tool = shutil.which("mosquitto_passwd")
+    if tool is None:
+        pytest.skip("mosquitto_passwd is not installed (Debian package mosquitto)")
+    passwords, acl = tmp_path / "passwords", tmp_path / "acl"
+    subprocess.run([tool, "-b", "-c", str(passwords), "agent", PASSWORD], check=True, timeout=10)
+    acl.write_text(ACL)
+    return configured_mosquitto(AUTH_CONFIG.format(passwords=passwords, acl=acl))
+
+
+async def test_username_and_password(
+    auth_mosquitto: Mosquitto, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    settings = fast_settings(auth_mosquitto.port, username="agent", password=PASSWORD)
+    session = await started(settings)
+    try:
+        inbox = Inbox()
+        await session.subscribe("ok/#", inbox)
+        await session.publish("ok/1", b"authorised")
+        assert (await inbox.get()).payload == b"authorised"
+
+        with pytest.raises(PublishFailed) as refused:
+            await session.publish("readonly/1", b"x")
+        assert refused.value.reason_code == 0x87  # not authorized
+    finally:
+        await session.stop()
+    assert PASSWORD not in caplog.text
+    assert PASSWORD not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    "credentials", [{"username": "agent", "password": "wrong"}, {"username": "nobody"}, {}]
+)
+async def test_bad_credentials_are_fatal(
+    auth_mosquitto: Mosquitto, credentials: dict[str, str]
+) -> None:
+    session = Session(fast_settings(auth_mosquitto.port, **credentials))
+    started_at = time.monotonic()
+    with pytest.raises(AuthenticationFailed, match="credentials") as raised:
+        await session.start(timeout=5)
+    assert raised.value.reason_code in (0x86, 0x87) and raised.value.fatal
+    assert time.monotonic() - started_at < 2  # refused at once, not retried until the timeout
