@@ -1,0 +1,297 @@
+"""The Modbus RTU driver against pymodbus's own server on a pty pair (no mocks)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.controller.interface import (
+    ControllerError,
+    ControllerUnavailable,
+    InvalidSetpoint,
+    Limits,
+    Mode,
+)
+from agent.controller.modbus_driver import (
+    READ_INPUT,
+    WRITE_MULTIPLE,
+    ModbusController,
+    ModbusSupportMissing,
+    RegisterMap,
+    plan_reads,
+)
+from tests.controller.conftest import FAST
+
+pytest.importorskip("pymodbus")
+
+from agent.controller.fake_modbus import FakeModbusThermostat
+
+# A thermostat with everything: input registers for the readings, limits in registers,
+# unsigned hundredths, write-multiple, an unusual unit id.
+FULL_MAP = RegisterMap(
+    unit_id=17,
+    setpoint_register=100,
+    temperature_register=200,
+    output_register=201,
+    mode_register=202,
+    limits=None,
+    min_register=110,
+    max_register=111,
+    step_register=112,
+    scale=100,
+    signed=False,
+    status_function=READ_INPUT,
+    write_function=WRITE_MULTIPLE,
+)
+SIMPLE_MAP = RegisterMap()  # set point 0, temperature 1, tenths, signed, fixed limits
+
+
+# --- the register map ------------------------------------------------------------------
+
+
+def test_register_codec() -> None:
+    signed = RegisterMap(scale=10, signed=True)
+    assert signed.encode(21.5) == 215
+    assert signed.encode(-5.5) == 0x10000 - 55
+    assert signed.decode(0x10000 - 55) == -5.5
+    unsigned = RegisterMap(scale=100, signed=False)
+    assert unsigned.encode(21.55) == 2155
+    assert unsigned.decode(65535) == 655.35
+    with pytest.raises(InvalidSetpoint):
+        unsigned.encode(-1)
+    with pytest.raises(InvalidSetpoint):
+        signed.encode(4000)
+
+
+@given(st.integers(0, 0xFFFF), st.booleans(), st.sampled_from([1, 2, 10, 100]))
+def test_decode_then_encode_is_the_identity(raw: int, signed: bool, scale: int) -> None:
+    register_map = RegisterMap(signed=signed, scale=scale)
+    assert register_map.encode(register_map.decode(raw)) == raw
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"unit_id": 0},
+        {"unit_id": 248},
+        {"setpoint_register": -1},
+        {"temperature_register": 70000},
+        {"scale": 0},
+        {"read_function": 6},
+        {"status_function": 1},
+        {"write_function": 3},
+        {"limits": None},
+        {"min_register": 5},
+        {"limits": None, "min_register": 5, "max_register": 6},
+    ],
+)
+def test_register_map_refuses_nonsense(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        RegisterMap(**kwargs)  # type: ignore[arg-type]
+
+
+def test_plan_reads_joins_close_registers() -> None:
+    assert plan_reads([(3, 0), (4, 1), (3, 1)]) == [(3, 0, 2), (4, 1, 1)]
+    assert plan_reads([(4, 200), (4, 202), (4, 201), (3, 100)]) == [(3, 100, 1), (4, 200, 3)]
+    assert plan_reads([(3, 0), (3, 40)]) == [(3, 0, 1), (3, 40, 1)]
+
+
+def test_defaults() -> None:
+    driver = ModbusController("/dev/ttyUSB0")
+    assert driver.min_write_interval_s == 1.0
+    assert (driver.backoff_initial_s, driver.backoff_max_s) == (1.0, 30.0)
+    assert driver.map == RegisterMap()
+
+
+def test_base_install_works_without_pymodbus(tmp_path: Path) -> None:
+    script = (
+        "import sys\n"
+        "sys.modules['pymodbus'] = None\n"  # makes `import pymodbus` fail
+        "import agent.controller, agent.controller.serial_driver, agent.controller.cli\n"
+        "from agent.controller.modbus_driver import ModbusController, ModbusSupportMissing\n"
+        "try:\n"
+        "    ModbusController('/dev/ttyUSB0')\n"
+        "except ModbusSupportMissing as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
+    )
+    assert "pip install 'agent[modbus]'" in result.stdout
+    assert issubclass(ModbusSupportMissing, ImportError)
+
+
+# --- against the fake thermostat -------------------------------------------------------
+
+
+async def start_pair(
+    tmp_path: Path, register_map: RegisterMap, **fake_options: object
+) -> tuple[FakeModbusThermostat, ModbusController]:
+    fake = FakeModbusThermostat(register_map, **fake_options)  # type: ignore[arg-type]
+    await fake.start(tmp_path / "ttyMODBUS")
+    assert fake.link is not None
+    # Parity N: Linux ptys may refuse parity bits (the fake uses N too).
+    driver = ModbusController(fake.link, register_map, parity="N", **FAST)
+    await driver.open()
+    return fake, driver
+
+
+@pytest.fixture(params=[SIMPLE_MAP, FULL_MAP], ids=["simple", "full"])
+async def pair(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[FakeModbusThermostat, ModbusController]]:
+    fake, driver = await start_pair(tmp_path, request.param, time_constant_s=1e6)
+    try:
+        yield fake, driver
+    finally:
+        await driver.close()
+        await fake.stop()
+
+
+async def test_reads(pair: tuple[FakeModbusThermostat, ModbusController]) -> None:
+    fake, driver = pair
+    assert driver.available
+    assert await driver.read_limits() == Limits(5.0, 35.0, 0.5)
+    assert await driver.read_setpoint() == 20.0
+    assert await driver.read_temperature() == 18.0
+    state = await driver.read_state()
+    assert (state.setpoint, state.temperature) == (20.0, 18.0)
+    if driver.map.mode_register is None:
+        assert (state.output, state.mode) == (None, None)
+    else:
+        assert (state.output, state.mode) == (50, Mode.HEAT)
+    used = {a.function_code for a in fake.accesses}
+    assert used == ({3} if driver.map is SIMPLE_MAP else {3, 4})
+
+
+async def test_write_rounds_and_reads_back(
+    pair: tuple[FakeModbusThermostat, ModbusController],
+) -> None:
+    fake, driver = pair
+    assert await driver.write_setpoint(22.3) == 22.5
+    assert fake.setpoint == 22.5
+    assert [w.stored for w in fake.writes] == [22.5]
+    writes = [a for a in fake.accesses if a.written is not None]
+    assert writes[0].function_code == driver.map.write_function
+    assert writes[0].written == (driver.map.encode(22.5),)
+    # Read back after the write.
+    last = fake.accesses[-1]
+    assert last.written is None and last.address == driver.map.setpoint_register
+
+
+async def test_write_only_on_change_and_interval(
+    pair: tuple[FakeModbusThermostat, ModbusController],
+) -> None:
+    fake, driver = pair
+    await driver.write_setpoint(20.0)
+    assert fake.writes == []
+    await driver.write_setpoint(21)
+    await driver.write_setpoint(21.1)
+    await driver.write_setpoint(22)
+    times = [w.at for w in fake.writes]
+    assert [w.stored for w in fake.writes] == [21.0, 22.0]
+    assert times[1] - times[0] >= FAST["min_write_interval_s"]
+
+
+@pytest.mark.parametrize("value", [4.0, 36.0, math.nan, math.inf, "21", None, False])
+async def test_invalid_setpoints_write_nothing(
+    pair: tuple[FakeModbusThermostat, ModbusController], value: object
+) -> None:
+    fake, driver = pair
+    with pytest.raises(InvalidSetpoint):
+        await driver.write_setpoint(value)
+    assert fake.writes == []
+    assert all(a.written is None for a in fake.accesses)
+
+
+async def test_negative_temperatures_need_signed_registers(tmp_path: Path) -> None:
+    fake, driver = await start_pair(tmp_path, SIMPLE_MAP, temperature=-5.5, time_constant_s=1e6)
+    try:
+        assert await driver.read_temperature() == -5.5
+    finally:
+        await driver.close()
+        await fake.stop()
+
+
+async def test_device_refusal_is_a_controller_error(tmp_path: Path) -> None:
+    # The map promises 5..35, the device only takes 5..30: exception 3, illegal value.
+    fake, driver = await start_pair(tmp_path, SIMPLE_MAP, limits=Limits(5.0, 30.0, 0.5))
+    try:
+        with pytest.raises(ControllerError, match="exception 3"):
+            await driver.write_setpoint(32)
+        assert fake.setpoint == 20.0
+        assert await driver.read_setpoint() == 20.0
+    finally:
+        await driver.close()
+        await fake.stop()
+
+
+async def test_wrong_register_is_a_controller_error(tmp_path: Path) -> None:
+    fake = FakeModbusThermostat(SIMPLE_MAP)
+    await fake.start(tmp_path / "ttyMODBUS")
+    assert fake.link is not None
+    wrong = RegisterMap(temperature_register=50)
+    try:
+        async with ModbusController(fake.link, wrong, parity="N", **FAST) as driver:
+            assert not driver.available  # the reopen's state read failed
+        async with ModbusController(fake.link, SIMPLE_MAP, parity="N", **FAST) as driver:
+            driver.map = wrong
+            with pytest.raises(ControllerError, match="exception 2"):
+                await driver.read_temperature()
+            assert driver.available  # it answered
+    finally:
+        await fake.stop()
+
+
+async def test_silence_and_bad_crc_are_unavailable_then_recover(
+    pair: tuple[FakeModbusThermostat, ModbusController],
+) -> None:
+    fake, driver = pair
+    fake.fault("SILENT", 30)
+    started = time.monotonic()
+    with pytest.raises(ControllerUnavailable):
+        await driver.read_state()
+    assert time.monotonic() - started < FAST["reply_timeout_s"] + 1.0
+    assert not driver.available
+    fake.fault("CLEAR")
+    assert await driver.read_setpoint() == 20.0
+    assert driver.available
+    # A reply with a bad CRC is dropped by the framer: the same as no reply.
+    fake.fault("GARBAGE", 1)
+    with pytest.raises(ControllerUnavailable):
+        await driver.read_setpoint()
+    assert await driver.read_setpoint() == 20.0
+
+
+async def test_unplug_and_replug_reads_state_before_writing(
+    pair: tuple[FakeModbusThermostat, ModbusController],
+) -> None:
+    fake, driver = pair
+    seen: list[bool] = []
+    driver._on_availability = seen.append
+    fake.fault("UNPLUG", 0.3)
+    with pytest.raises(ControllerUnavailable):
+        await driver.read_state()
+    assert not driver.available
+    with pytest.raises(ControllerUnavailable):
+        await driver.write_setpoint(25)
+    fake.panel_setpoint(23)
+    await fake.wait_for(lambda: fake.plug_count == 1)
+    before = len(fake.accesses)
+    assert await driver.wait_available(5.0)
+    assert seen == [False, True]
+    assert driver.last_state is not None and driver.last_state.setpoint == 23.0
+    assert await driver.write_setpoint(25) == 25.0
+    after = fake.accesses[before:]
+    first_write = next(i for i, a in enumerate(after) if a.written is not None)
+    read = {r for a in after[:first_write] for r in range(a.address, a.address + a.count)}
+    assert {driver.map.setpoint_register, driver.map.temperature_register} <= read
+    assert [w.stored for w in fake.writes] == [25.0]
