@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from tests.support.mosquitto import Mosquitto, mosquitto_binary
+from tests.support.store_backends import EmbeddedBackend, MosquittoBackend, StoreBackend
 
 
 @pytest.fixture
@@ -21,3 +22,21 @@ def mosquitto() -> Iterator[Mosquitto]:
         yield broker
     finally:
         broker.stop()
+
+
+def _store_kinds() -> list[str]:
+    kinds = ["embedded"]
+    if mosquitto_binary() is not None or os.environ.get("CI"):
+        kinds.append("mosquitto")
+    return kinds
+
+
+@pytest.fixture(params=_store_kinds())
+async def store_backend(request: pytest.FixtureRequest) -> AsyncIterator[StoreBackend]:
+    """A state store in this process: embedded, or served on a fresh mosquitto."""
+    backend: StoreBackend = EmbeddedBackend() if request.param == "embedded" else MosquittoBackend()
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.stop()

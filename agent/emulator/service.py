@@ -1,0 +1,145 @@
+"""The state store service: moves requests from MQTT into the pure `StateStore` and its
+replies and notifications back out.
+
+`StoreService` knows nothing of how messages arrive. Two hosts drive it:
+- the embedded broker (`embedded.py`), which tells it each sender's client id and every
+  disconnect, as the real broker does;
+- an external broker (`external.py`), where it is an ordinary client that trusts the
+  request's `__srcId` and learns of disconnects from the broker's log topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from agent.emulator.broker import Message
+from agent.emulator.store import KeyNotification, Reply, StateStore
+from agent.protocol import topics
+
+log = logging.getLogger(__name__)
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _property(message: Message, name: str) -> str | None:
+    # The last one wins, as for any user property read by name.
+    value = None
+    for key, item in message.user_properties:
+        if key == name:
+            value = item
+    return value
+
+
+class StoreService:
+    def __init__(
+        self,
+        store: StateStore,
+        publish: Callable[[Message], None],
+        disconnect: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self._publish = publish
+        self._disconnect = disconnect
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._expiry_deadline: int | None = None
+
+    def on_request(self, sender: str | None, message: Message) -> None:
+        """Executes one PUBLISH on the invoke topic. `sender` is None when unknown."""
+        client_id = sender if sender is not None else _property(message, topics.SOURCE_ID)
+        if message.response_topic is None or message.correlation_data is None:
+            log.warning("request from %s without response topic or correlation data", client_id)
+            return
+        if topics.is_forbidden_response_topic(message.response_topic):
+            log.warning(
+                "request from %s names forbidden response topic %s",
+                client_id,
+                message.response_topic,
+            )
+            if self._disconnect is not None and sender is not None:
+                self._disconnect(sender)
+            return
+        if message.qos != 1:
+            log.warning("request from %s at QoS %d not executed", client_id, message.qos)
+            return
+        outcome = self.store.handle(
+            client_id or "",
+            message.payload,
+            _property(message, topics.TIMESTAMP),
+            _property(message, topics.FENCING_TOKEN),
+        )
+        self._publish(self._response(message, outcome.reply))
+        for notification in outcome.notifications:
+            self._publish(self._notification(notification))
+        self._schedule_expiry()
+
+    def on_client_gone(self, client_id: str) -> None:
+        self.store.client_gone(client_id)
+
+    def close(self) -> None:
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+
+    # ------------------------------------------------------------------ expiry
+
+    def _schedule_expiry(self) -> None:
+        """Keeps one timer armed for the earliest deadline (active expiry, protocol.md §7)."""
+        deadline = self.store.next_expiry_ms()
+        if deadline == self._expiry_deadline:
+            return
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        self._expiry_deadline = deadline
+        if deadline is not None:
+            delay = max(0.0, (deadline - monotonic_ms()) / 1000)
+            self._expiry_timer = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry_timer = None
+        self._expiry_deadline = None
+        for notification in self.store.expire():
+            self._publish(self._notification(notification))
+        self._schedule_expiry()
+
+    # ------------------------------------------------------------------ messages
+
+    @staticmethod
+    def _response(request: Message, reply: Reply) -> Message:
+        properties = [
+            (topics.STATUS, "200"),
+            (topics.PROTOCOL_VERSION_PROPERTY, topics.PROTOCOL_VERSION),
+        ]
+        if reply.timestamp is not None:
+            properties.append((topics.TIMESTAMP, str(reply.timestamp)))
+        assert request.response_topic is not None
+        return Message(
+            topic=request.response_topic,
+            payload=reply.payload,
+            qos=1,
+            correlation_data=request.correlation_data,
+            content_type=topics.CONTENT_TYPE,
+            user_properties=properties,
+        )
+
+    @staticmethod
+    def _notification(notification: KeyNotification) -> Message:
+        return Message(
+            topic=topics.notify_topic(notification.client_id, notification.key),
+            payload=notification.payload,
+            qos=1,
+            content_type=topics.CONTENT_TYPE,
+            user_properties=[
+                (topics.TIMESTAMP, str(notification.timestamp)),
+                (topics.PROTOCOL_VERSION_PROPERTY, topics.PROTOCOL_VERSION),
+            ],
+        )
