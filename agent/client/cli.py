@@ -1,0 +1,332 @@
+"""`agent store`: the state store from the command line, against any broker.
+
+Connection settings come from the same environment variables as the agent
+(`AGENT_MQTT__HOST`, `AGENT_MQTT__PORT`, `AGENT_MQTT__TLS__CA_FILE`, ...), overridden by
+flags. Exit codes: 0 done, 1 not applied or absent, 2 usage, 3 service error, 4 connection
+failure or timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import binascii
+import contextlib
+import signal
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr, ValidationError
+
+from agent import logs
+from agent.client.errors import ClockUnusable, RequestTimeout, ServiceError
+from agent.client.lock import LeasedLock, LossReason
+from agent.client.session import ConnectionRefused, Session, SessionError
+from agent.client.statestore import Condition, KeyChange, StateStoreClient
+from agent.config import ConnectionSettings, MqttSettings, setting_errors
+from agent.protocol.hlc import Hlc, HlcError
+
+EXIT_OK, EXIT_NOT_APPLIED, EXIT_USAGE, EXIT_SERVICE, EXIT_CONNECTION = 0, 1, 2, 3, 4
+
+
+class UsageError(Exception):
+    pass
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "store",
+        help="get, set, delete, watch and lock keys in the state store",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _connection_options(parser)
+    # The same options after the subcommand; SUPPRESS keeps them from resetting the above.
+    shared = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    _connection_options(shared)
+    commands = parser.add_subparsers(dest="store_command", metavar="COMMAND", required=True)
+
+    get = commands.add_parser(
+        "get", parents=[shared], help="print a key's value (exit 1 when absent)"
+    )
+    get.add_argument("key")
+    get.add_argument("--hex", action="store_true", help="print the value as hex")
+    get.add_argument("--show-version", action="store_true", help="print the version too")
+    get.set_defaults(store_func=_get)
+
+    set_ = commands.add_parser("set", parents=[shared], help="set a key; prints the new version")
+    set_.add_argument("key")
+    set_.add_argument("value", nargs="?", help="the value; omitted or '-': read stdin")
+    cond = set_.add_mutually_exclusive_group()
+    cond.add_argument("--nx", action="store_true", help="only if the key does not exist")
+    cond.add_argument("--nex", action="store_true", help="only if absent or equal to this value")
+    set_.add_argument("--px", type=int, metavar="MS", help="expire after MS milliseconds")
+    set_.add_argument("--fencing-token", metavar="HLC", help="fencing token (__ft)")
+    set_.add_argument("--hex", action="store_true", help="the value is given as hex")
+    set_.set_defaults(store_func=_set)
+
+    delete = commands.add_parser("del", parents=[shared], help="delete a key (exit 1 when absent)")
+    delete.add_argument("key")
+    delete.add_argument("--fencing-token", metavar="HLC", help="fencing token (__ft)")
+    delete.set_defaults(store_func=_del)
+
+    vdel = commands.add_parser("vdel", parents=[shared], help="delete a key if it holds VALUE")
+    vdel.add_argument("key")
+    vdel.add_argument("value")
+    vdel.add_argument("--fencing-token", metavar="HLC", help="fencing token (__ft)")
+    vdel.add_argument("--hex", action="store_true", help="the value is given as hex")
+    vdel.set_defaults(store_func=_vdel)
+
+    watch = commands.add_parser(
+        "watch", parents=[shared], help="print every change of the keys until Ctrl-C"
+    )
+    watch.add_argument("keys", nargs="+", metavar="key")
+    watch.add_argument("--hex", action="store_true", help="print values as hex")
+    watch.set_defaults(store_func=_watch)
+
+    lock = commands.add_parser(
+        "lock", parents=[shared], help="acquire a lock, hold it, release it on Ctrl-C"
+    )
+    lock.add_argument("key")
+    lock.add_argument("--holder", help="the holder's name (default: the client id)")
+    lock.add_argument("--ttl-ms", type=int, default=3000, help="lease length (3000)")
+    lock.add_argument(
+        "--no-wait", action="store_true", help="exit 1 at once when someone else holds it"
+    )
+    lock.set_defaults(store_func=_lock)
+
+    parser.set_defaults(func=run)
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    conn = parser.add_argument_group("connection (default: AGENT_MQTT__* environment)")
+    conn.add_argument("--host", help="broker host (AGENT_MQTT__HOST)")
+    conn.add_argument("--port", type=int, help="broker port (AGENT_MQTT__PORT)")
+    conn.add_argument("--client-id", help="MQTT client id (default: a random one)")
+    conn.add_argument("--username", help="user name (AGENT_MQTT__USERNAME)")
+    conn.add_argument(
+        "--password-file",
+        type=Path,
+        help="file holding the password (or AGENT_MQTT__PASSWORD); never a flag, so that "
+        "it stays out of process listings",
+    )
+    conn.add_argument("--ca-file", type=Path, help="CA bundle, turns TLS on")
+    conn.add_argument("--cert-file", type=Path, help="client certificate (PEM)")
+    conn.add_argument("--key-file", type=Path, help="client key (PEM)")
+    conn.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for the broker (10)"
+    )
+    conn.add_argument("--log-level", default="ERROR", help="log level (ERROR)")
+
+
+def run(args: argparse.Namespace) -> int:
+    logs.setup(args.log_level)
+    try:
+        settings = _settings(args)
+    except UsageError as exc:
+        print(f"agent store: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return asyncio.run(_main(args, settings))
+    except UsageError as exc:
+        print(f"agent store: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _settings(args: argparse.Namespace) -> MqttSettings:
+    overrides: dict[str, Any] = {}
+    for name in ("host", "port", "client_id", "username"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
+    tls = {
+        name: getattr(args, name)
+        for name in ("ca_file", "cert_file", "key_file")
+        if getattr(args, name) is not None
+    }
+    try:
+        base = ConnectionSettings().mqtt
+    except ValidationError as exc:
+        raise UsageError("invalid settings: " + "; ".join(setting_errors(exc))) from None
+    try:
+        if args.password_file is not None:
+            overrides["password"] = SecretStr(args.password_file.read_text().rstrip("\n"))
+        data = base.model_dump()
+        data.update(overrides)
+        data["tls"] = {**data["tls"], **tls}
+        return MqttSettings.model_validate(data)
+    except ValidationError as exc:
+        errors = setting_errors(exc, within=("mqtt",))
+        raise UsageError("invalid settings: " + "; ".join(errors)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read --password-file: {exc.strerror}") from None
+
+
+def _value(args: argparse.Namespace) -> bytes:
+    raw: bytes
+    if getattr(args, "value", None) in (None, "-"):
+        raw = sys.stdin.buffer.read()
+    else:
+        raw = args.value.encode()
+    if args.hex:
+        try:
+            return binascii.unhexlify(raw.strip())
+        except binascii.Error as exc:
+            raise UsageError(f"not hex: {exc}") from None
+    return raw
+
+
+def _token(args: argparse.Namespace) -> Hlc | None:
+    if args.fencing_token is None:
+        return None
+    try:
+        return Hlc.parse(args.fencing_token)
+    except HlcError as exc:
+        raise UsageError(f"--fencing-token: {exc}") from None
+
+
+def _show(value: bytes, as_hex: bool) -> str:
+    return value.hex() if as_hex else value.decode(errors="backslashreplace")
+
+
+async def _main(args: argparse.Namespace, settings: MqttSettings) -> int:
+    client_id = settings.client_id or f"agent-store-{uuid.uuid4().hex[:12]}"
+    session = Session(settings, client_id=client_id)
+    try:
+        await session.start(wait=True, timeout=args.timeout)
+    except (SessionError, OSError) as exc:
+        print(
+            f"agent store: cannot connect to {settings.host}:{settings.port}: {exc}",
+            file=sys.stderr,
+        )
+        return EXIT_CONNECTION
+    try:
+        async with StateStoreClient(session, request_timeout_s=args.timeout) as client:
+            command: Callable[[StateStoreClient, argparse.Namespace], Awaitable[int]]
+            command = args.store_func
+            return await command(client, args)
+    except ServiceError as exc:
+        print(f"agent store: {exc.text}", file=sys.stderr)
+        return EXIT_SERVICE
+    except ClockUnusable as exc:
+        print(f"agent store: {exc}", file=sys.stderr)
+        return EXIT_SERVICE
+    except (RequestTimeout, SessionError, ConnectionRefused, OSError) as exc:
+        print(f"agent store: {exc}", file=sys.stderr)
+        return EXIT_CONNECTION
+    finally:
+        await session.stop()
+
+
+async def _get(client: StateStoreClient, args: argparse.Namespace) -> int:
+    value, version = await client.get(args.key)
+    if value is None:
+        return EXIT_NOT_APPLIED
+    print(_show(value, args.hex) + (f"\t{version}" if args.show_version else ""))
+    return EXIT_OK
+
+
+async def _set(client: StateStoreClient, args: argparse.Namespace) -> int:
+    if args.px is not None and args.px <= 0:
+        raise UsageError("--px must be a positive number of milliseconds")
+    condition = Condition.NX if args.nx else Condition.NEX if args.nex else None
+    result = await client.set(
+        args.key,
+        _value(args),
+        condition=condition,
+        expiry_ms=args.px,
+        fencing_token=_token(args),
+    )
+    if not result.applied:
+        print(f"not applied (current version {result.version})", file=sys.stderr)
+        return EXIT_NOT_APPLIED
+    print(result.version)
+    return EXIT_OK
+
+
+async def _del(client: StateStoreClient, args: argparse.Namespace) -> int:
+    count = await client.delete(args.key, fencing_token=_token(args))
+    return EXIT_OK if count == 1 else EXIT_NOT_APPLIED
+
+
+async def _vdel(client: StateStoreClient, args: argparse.Namespace) -> int:
+    result = await client.vdelete(args.key, _value(args), fencing_token=_token(args))
+    if result == -1:
+        print("not deleted: the key holds another value", file=sys.stderr)
+    return EXIT_OK if result == 1 else EXIT_NOT_APPLIED
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _watch(client: StateStoreClient, args: argparse.Namespace) -> int:
+    stop = _stop_event()
+
+    def show(change: KeyChange) -> None:
+        key = change.key.decode(errors="backslashreplace")
+        value = "" if change.value is None else " " + _show(change.value, args.hex)
+        print(f"{change.version or '-'} {change.kind} {key}{value}", flush=True)
+
+    for key in args.keys:
+        await client.observe(key, show)
+    print(f"watching {' '.join(args.keys)}", file=sys.stderr, flush=True)
+    await stop.wait()
+    return EXIT_OK
+
+
+async def _lock(client: StateStoreClient, args: argparse.Namespace) -> int:
+    if args.ttl_ms <= 0:
+        raise UsageError("--ttl-ms must be positive")
+    stop = _stop_event()
+    lost: asyncio.Future[LossReason] = asyncio.get_running_loop().create_future()
+    released = asyncio.Event()
+    lock = LeasedLock(client, args.key, args.holder or client.client_id)
+    lock.on_lost(lambda reason: lost.done() or lost.set_result(reason))
+    await lock.observe(lambda change: released.set() if change.kind == "DELETE" else None)
+
+    token = await lock.try_acquire(args.ttl_ms)
+    while token is None:
+        if args.no_wait:
+            holder = await lock.current_holder()
+            print(f"held by {_show(holder or b'?', False)}", file=sys.stderr)
+            return EXIT_NOT_APPLIED
+        released.clear()
+        # Wait for a release or expiry, polling as a safety net for a missed notification.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(args.ttl_ms / 1000):
+                await asyncio.wait(
+                    [asyncio.ensure_future(released.wait()), asyncio.ensure_future(stop.wait())],
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+        if stop.is_set():
+            return EXIT_NOT_APPLIED
+        token = await lock.try_acquire(args.ttl_ms)
+    print(f"acquired {token}", flush=True)
+
+    period = args.ttl_ms / 3000
+    while not stop.is_set() and not lost.done():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(period):
+                await asyncio.wait(
+                    [asyncio.ensure_future(stop.wait()), lost],
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+        if stop.is_set() or lost.done():
+            break
+        try:
+            await lock.renew(timeout=period)
+        except (RequestTimeout, SessionError) as exc:
+            print(f"renewal failed: {exc}", file=sys.stderr, flush=True)
+    if lost.done():
+        print(f"lost: {lost.result().value}", file=sys.stderr, flush=True)
+        return EXIT_NOT_APPLIED
+    await lock.release()
+    print("released", flush=True)
+    return EXIT_OK

@@ -1,0 +1,183 @@
+"""A leased lock in the state store (protocol.md §6), with fencing tokens.
+
+The store only knows a key with an expiry; what makes it a lock is kept here: who holds
+it, the fencing token of the latest acquire or renewal, and a local lease deadline on the
+monotonic clock, so that a holder that cannot reach the store, or was paused, gives up
+before the store lets anyone else in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from enum import Enum
+
+from agent.client.errors import FencingTokenLowerVersion
+from agent.client.statestore import ChangeHandler, Condition, SetResult, StateStoreClient
+from agent.protocol.hlc import Hlc
+
+log = logging.getLogger(__name__)
+
+
+class LossReason(Enum):
+    RENEWAL_REFUSED = "renewal refused: another holder has the lock"
+    DEADLINE_PASSED = "local lease deadline passed"
+    FENCED_WRITE_REJECTED = "a fenced write was rejected: a newer holder wrote"
+
+
+def default_safety_margin_s(ttl_s: float) -> float:
+    """Room for message delay and clock-rate error before the store's own expiry."""
+    return min(max(0.05, ttl_s * 0.1), 1.0)
+
+
+class LeasedLock:
+    def __init__(
+        self,
+        client: StateStoreClient,
+        lock_key: bytes | str,
+        holder: bytes | str,
+        *,
+        safety_margin_s: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.key = lock_key.encode() if isinstance(lock_key, str) else lock_key
+        self.holder = holder.encode() if isinstance(holder, str) else holder
+        self._margin = safety_margin_s
+        self._monotonic = monotonic
+        self._token: Hlc | None = None
+        self._deadline: float | None = None
+        self._ttl_ms: int | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._loss_handlers: list[Callable[[LossReason], None]] = []
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def token(self) -> Hlc | None:
+        """The fencing token while the lease is held locally, else None."""
+        return self._token if self.held else None
+
+    @property
+    def held(self) -> bool:
+        return (
+            self._token is not None
+            and self._deadline is not None
+            and self._monotonic() < self._deadline
+        )
+
+    @property
+    def deadline(self) -> float | None:
+        """The local lease deadline on the monotonic clock."""
+        return self._deadline if self._token is not None else None
+
+    def on_lost(self, handler: Callable[[LossReason], None]) -> None:
+        self._loss_handlers.append(handler)
+
+    # ------------------------------------------------------------------ operations
+
+    async def try_acquire(self, ttl_ms: int, *, timeout: float | None = None) -> Hlc | None:
+        """SET NEX PX: the fencing token when held, None when someone else holds it."""
+        if ttl_ms <= 0:
+            raise ValueError("ttl_ms must be positive")
+        sent_at = self._monotonic()
+        result = await self.client.set(
+            self.key, self.holder, condition=Condition.NEX, expiry_ms=ttl_ms, timeout=timeout
+        )
+        return self._settle(result, sent_at, ttl_ms)
+
+    async def renew(self, *, timeout: float | None = None) -> Hlc | None:
+        """Extends the lease; a refusal is a loss. None when not held."""
+        if self._ttl_ms is None or self._token is None:
+            return None
+        token = await self.try_acquire(self._ttl_ms, timeout=timeout)
+        if token is None:
+            self._lose(LossReason.RENEWAL_REFUSED)
+        return token
+
+    async def release(self, *, timeout: float | None = None) -> bool:
+        """VDEL: deletes the lock only if it is still ours."""
+        self._clear()
+        return await self.client.vdelete(self.key, self.holder, timeout=timeout) == 1
+
+    async def current_holder(self, *, timeout: float | None = None) -> bytes | None:
+        value, _ = await self.client.get(self.key, timeout=timeout)
+        return value
+
+    async def observe(self, handler: ChangeHandler) -> bytes | None:
+        """Watches the lock key (a DELETE means released or expired); returns the holder."""
+        value, _ = await self.client.observe(self.key, handler)
+        return value
+
+    async def fenced_set(
+        self, key: bytes | str, value: bytes | str, *, timeout: float | None = None
+    ) -> SetResult:
+        """Writes with the current token; a rejection by a newer token is a loss."""
+        token = self.token
+        if token is None:
+            raise LockNotHeld(f"{self.key!r} is not held")
+        try:
+            return await self.client.set(key, value, fencing_token=token, timeout=timeout)
+        except FencingTokenLowerVersion:
+            self._lose(LossReason.FENCED_WRITE_REJECTED)
+            raise
+
+    def report_fenced_write_rejected(self) -> None:
+        self._lose(LossReason.FENCED_WRITE_REJECTED)
+
+    # ------------------------------------------------------------------ internals
+
+    def _settle(self, result: SetResult, sent_at: float, ttl_ms: int) -> Hlc | None:
+        if not result.applied or result.version is None:
+            return None
+        if self._token is not None and result.version <= self._token:
+            # Cannot happen with a faithful service; never hand out a non-increasing token.
+            log.error("lock %r: token did not increase (%s)", self.key, result.version)
+            return None
+        ttl_s = ttl_ms / 1000
+        margin = self._margin if self._margin is not None else default_safety_margin_s(ttl_s)
+        # From the send time: the store's expiry started no earlier than that.
+        deadline = sent_at + ttl_s - margin
+        if deadline <= self._monotonic():
+            log.warning("lock %r: acquired but already past the local deadline", self.key)
+            return None
+        self._token, self._deadline, self._ttl_ms = result.version, deadline, ttl_ms
+        self._arm_deadline_timer()
+        return result.version
+
+    def _arm_deadline_timer(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        assert self._deadline is not None
+        delay = max(0.0, self._deadline - self._monotonic())
+        self._deadline_timer = asyncio.get_running_loop().call_later(delay, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        self._deadline_timer = None
+        if self._token is None or self._deadline is None:
+            return
+        if self._monotonic() >= self._deadline:
+            self._lose(LossReason.DEADLINE_PASSED)
+        else:  # the timer ran early, or on a clock that differs from ours
+            self._arm_deadline_timer()
+
+    def _clear(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._token = None
+        self._deadline = None
+
+    def _lose(self, reason: LossReason) -> None:
+        if self._token is None:
+            return
+        self._clear()
+        log.warning("lock %r lost: %s", self.key, reason.value)
+        for handler in self._loss_handlers:
+            handler(reason)
+
+
+class LockNotHeld(RuntimeError):
+    pass

@@ -1,0 +1,387 @@
+"""An asyncio client of the state store (protocol.md), over the shared MQTT session."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+from agent.client.errors import (
+    ClockUnusable,
+    RequestTimeout,
+    StateStoreError,
+    UnexpectedResponse,
+    service_error,
+)
+from agent.client.session import Message, Session, SessionError
+from agent.protocol import topics
+from agent.protocol.hlc import ClockDrift, Hlc, HlcError, HybridLogicalClock
+from agent.protocol.resp3 import (
+    OK,
+    ErrorReply,
+    Resp3Error,
+    Response,
+    decode_notification,
+    decode_response,
+    encode_request,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Condition(Enum):
+    NX = "NX"  # only if the key does not exist
+    NEX = "NEX"  # only if absent or equal to the value sent (lock renewal)
+
+
+@dataclass(frozen=True, slots=True)
+class SetResult:
+    applied: bool
+    version: Hlc | None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyChange:
+    key: bytes
+    kind: Literal["SET", "DELETE"]
+    value: bytes | None
+    version: Hlc | None
+    synthetic: bool = False  # found by the catch-up GET after a reconnect
+
+
+ChangeHandler = Callable[[KeyChange], Awaitable[None] | None]
+
+
+@dataclass(slots=True)
+class _Seen:
+    value: bytes | None
+    version: Hlc | None
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class StateStoreClient:
+    """`set`, `get`, `delete`, `vdelete` and `observe` on one MQTT session.
+
+    Many requests may be in flight; each has its own timeout. Observed changes are
+    delivered in order, one at a time, by a task of their own, so a handler may call the
+    client without blocking the responses it waits for.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        *,
+        request_timeout_s: float = 10.0,
+        wall_clock: Callable[[], int] = _wall_clock_ms,
+    ) -> None:
+        self.session = session
+        self.client_id = session.client_id
+        self.request_timeout_s = request_timeout_s
+        self.clock = HybridLogicalClock(self.client_id.replace(":", "_"), wall_clock)
+        self._response_topic = topics.response_topic(self.client_id)
+        self._pending: dict[bytes, asyncio.Future[Message]] = {}
+        self._observed: dict[bytes, ChangeHandler] = {}
+        self._seen: dict[bytes, _Seen] = {}
+        self._changes: asyncio.Queue[tuple[ChangeHandler, KeyChange]] = asyncio.Queue()
+        self._delivery: asyncio.Task[None] | None = None
+        self._resync_task: asyncio.Task[None] | None = None
+        self._started = False
+
+    async def start(self) -> None:
+        """Subscribes to responses and notifications; call once the session is started."""
+        if self._started:
+            return
+        self._started = True
+        await self.session.subscribe(self._response_topic, self._on_response)
+        # Subscribed (SUBACK awaited) before the first KEYNOTIFY, as protocol.md §7 asks.
+        await self.session.subscribe(topics.notify_filter(self.client_id), self._on_notification)
+        self.session.on_connect(self._resync)
+        self._delivery = asyncio.create_task(self._deliver(), name="statestore-changes")
+
+    async def close(self) -> None:
+        if self._resync_task is not None:
+            self._resync_task.cancel()
+            await asyncio.gather(self._resync_task, return_exceptions=True)
+            self._resync_task = None
+        if self._delivery is not None:
+            self._delivery.cancel()
+            await asyncio.gather(self._delivery, return_exceptions=True)
+            self._delivery = None
+        for future in self._pending.values():
+            future.cancel()
+        self._pending.clear()
+
+    async def __aenter__(self) -> StateStoreClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ commands
+
+    async def set(
+        self,
+        key: bytes | str,
+        value: bytes | str,
+        *,
+        condition: Condition | None = None,
+        expiry_ms: int | None = None,
+        fencing_token: Hlc | None = None,
+        timeout: float | None = None,
+    ) -> SetResult:
+        args = [b"SET", _bytes(key), _bytes(value)]
+        if condition is not None:
+            args.append(condition.value.encode())
+        if expiry_ms is not None:
+            if expiry_ms <= 0:
+                raise ValueError("expiry_ms must be positive")
+            args += [b"PX", str(expiry_ms).encode()]
+        reply, version = await self._request(args, fencing_token, timeout)
+        if reply == OK:
+            return SetResult(True, version)
+        if reply == -1:
+            return SetResult(False, version)
+        raise UnexpectedResponse(f"SET answered {reply!r}")
+
+    async def get(
+        self, key: bytes | str, *, timeout: float | None = None
+    ) -> tuple[bytes | None, Hlc | None]:
+        reply, version = await self._request([b"GET", _bytes(key)], None, timeout)
+        if reply is None or isinstance(reply, bytes):
+            return reply, version
+        raise UnexpectedResponse(f"GET answered {reply!r}")
+
+    async def delete(
+        self,
+        key: bytes | str,
+        *,
+        fencing_token: Hlc | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        reply, _ = await self._request([b"DEL", _bytes(key)], fencing_token, timeout)
+        if isinstance(reply, int) and reply in (0, 1):
+            return reply
+        raise UnexpectedResponse(f"DEL answered {reply!r}")
+
+    async def vdelete(
+        self,
+        key: bytes | str,
+        value: bytes | str,
+        *,
+        fencing_token: Hlc | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """1 deleted, 0 absent, -1 the value differs."""
+        args = [b"VDEL", _bytes(key), _bytes(value)]
+        reply, _ = await self._request(args, fencing_token, timeout)
+        if isinstance(reply, int) and reply in (-1, 0, 1):
+            return reply
+        raise UnexpectedResponse(f"VDEL answered {reply!r}")
+
+    async def observe(
+        self, key: bytes | str, handler: ChangeHandler, *, timeout: float | None = None
+    ) -> tuple[bytes | None, Hlc | None]:
+        """Delivers every later change of `key` to `handler`; returns the current value.
+
+        Changes made while the connection was down are delivered after the reconnect as
+        synthetic changes (the notifications themselves are lost by the service).
+        """
+        raw = _bytes(key)
+        self._observed[raw] = handler
+        await self._keynotify(raw, stop=False, timeout=timeout)
+        value, version = await self.get(raw, timeout=timeout)
+        seen = self._seen.get(raw)
+        if seen is None or _newer(version, seen.version):
+            self._seen[raw] = _Seen(value, version)
+        return value, version
+
+    async def unobserve(self, key: bytes | str, *, timeout: float | None = None) -> None:
+        raw = _bytes(key)
+        self._observed.pop(raw, None)
+        self._seen.pop(raw, None)
+        if self.session.connected:
+            await self._keynotify(raw, stop=True, timeout=timeout)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _keynotify(self, key: bytes, *, stop: bool, timeout: float | None) -> None:
+        args = [b"KEYNOTIFY", key] + ([b"STOP"] if stop else [])
+        reply, _ = await self._request(args, None, timeout)
+        if reply != OK and not (stop and reply == 0):
+            raise UnexpectedResponse(f"KEYNOTIFY answered {reply!r}")
+
+    async def _request(
+        self, args: list[bytes], fencing_token: Hlc | None, timeout: float | None
+    ) -> tuple[Response, Hlc | None]:
+        timeout = self.request_timeout_s if timeout is None else timeout
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            self.clock.check_usable()
+        except ClockDrift as exc:
+            raise ClockUnusable(
+                f"local clock unusable, refusing to send ({exc}); check time synchronization"
+            ) from exc
+        user_properties = [
+            (topics.TIMESTAMP, str(self.clock.tick())),
+            (topics.SOURCE_ID, self.client_id),
+            (topics.PROTOCOL_VERSION_PROPERTY, topics.PROTOCOL_VERSION),
+        ]
+        if fencing_token is not None:
+            user_properties.append((topics.FENCING_TOKEN, str(fencing_token)))
+        correlation = os.urandom(16)
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[correlation] = future
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self.session.publish(
+                    topics.INVOKE_TOPIC,
+                    encode_request(args),
+                    qos=1,
+                    response_topic=self._response_topic,
+                    correlation_data=correlation,
+                    content_type=topics.CONTENT_TYPE,
+                    # The service can drop a request nobody waits for any more.
+                    message_expiry_interval=max(1, math.ceil(timeout)),
+                    user_properties=user_properties,
+                    timeout=max(0.0, deadline - asyncio.get_running_loop().time()),
+                )
+                message = await future
+        except TimeoutError as exc:
+            raise RequestTimeout(
+                f"{args[0].decode()} got no response within {timeout:g} s"
+            ) from exc
+        finally:
+            self._pending.pop(correlation, None)
+        return self._parse_response(message)
+
+    def _merge(self, message: Message) -> Hlc | None:
+        text = _user_property(message, topics.TIMESTAMP)
+        if text is None:
+            return None
+        try:
+            ts = Hlc.parse(text)
+        except HlcError as exc:
+            raise UnexpectedResponse(f"malformed __ts {text!r}") from exc
+        self.clock.receive(ts)
+        return ts
+
+    def _parse_response(self, message: Message) -> tuple[Response, Hlc | None]:
+        version = self._merge(message)
+        try:
+            reply = decode_response(message.payload)
+        except Resp3Error as exc:
+            raise UnexpectedResponse(f"malformed response: {exc}") from exc
+        if isinstance(reply, ErrorReply):
+            raise service_error(reply.text)
+        return reply, version
+
+    def _on_response(self, message: Message) -> None:
+        future = self._pending.get(message.correlation_data or b"")
+        if future is not None and not future.done():
+            future.set_result(message)
+
+    def _on_notification(self, message: Message) -> None:
+        key = topics.key_from_notify_topic(message.topic)
+        if key is None:
+            return
+        try:
+            version = self._merge(message)
+            notification = decode_notification(message.payload)
+        except (StateStoreError, Resp3Error) as exc:
+            log.warning("dropped a malformed notification on %s: %s", message.topic, exc)
+            return
+        value = notification.value if notification.kind == "SET" else None
+        self._offer(KeyChange(key, notification.kind, value, version))
+
+    def _offer(self, change: KeyChange) -> None:
+        handler = self._observed.get(change.key)
+        if handler is None:
+            return
+        seen = self._seen.get(change.key)
+        if seen is not None and not _newer(change.version, seen.version):
+            log.debug("dropped an old notification for %r (%s)", change.key, change.version)
+            return
+        self._seen[change.key] = _Seen(change.value, change.version)
+        self._changes.put_nowait((handler, change))
+
+    async def _deliver(self) -> None:
+        while True:
+            handler, change = await self._changes.get()
+            try:
+                result = handler(change)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("change handler failed for %r", change.key)
+
+    async def _resync(self) -> None:
+        """On every connect: catch up in the background, so other hooks need not wait."""
+        if self._resync_task is not None:
+            self._resync_task.cancel()
+        if self._observed:
+            self._resync_task = asyncio.create_task(self._catch_up(), name="statestore-resync")
+
+    async def _catch_up(self) -> None:
+        """Register again, then GET each key to find what changed while we were away.
+
+        A key that fails (the service may come back after the broker) is retried with
+        backoff for as long as the connection lasts.
+        """
+        pending = list(self._observed)
+        delay = 0.5
+        while pending and self.session.connected:
+            failed = []
+            for key in pending:
+                if key not in self._observed:
+                    continue
+                try:
+                    await self._keynotify(key, stop=False, timeout=None)
+                    value, version = await self.get(key)
+                except (StateStoreError, SessionError) as exc:
+                    log.warning("could not re-register %r after reconnect: %s", key, exc)
+                    failed.append(key)
+                    continue
+                self._catch_up_key(key, value, version)
+            pending = failed
+            if pending:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _catch_up_key(self, key: bytes, value: bytes | None, version: Hlc | None) -> None:
+        seen = self._seen.get(key)
+        if seen is not None:
+            unchanged = (seen.value, seen.version) == (value, version)
+            older = version is not None and not _newer(version, seen.version)
+            if unchanged or older or (value is None and seen.value is None):
+                return
+        self._seen[key] = _Seen(value, version)
+        handler = self._observed.get(key)
+        if handler is not None:
+            # Bypasses _offer's version check: a delete found by GET has no version.
+            kind: Literal["SET", "DELETE"] = "SET" if value is not None else "DELETE"
+            change = KeyChange(key, kind, value, version, synthetic=True)
+            self._changes.put_nowait((handler, change))
+
+
+def _newer(version: Hlc | None, than: Hlc | None) -> bool:
+    """Versionless events (deletes found by GET) are never treated as stale."""
+    return version is None or than is None or version > than
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
+def _user_property(message: Message, name: str) -> str | None:
+    return next((v for k, v in reversed(message.user_properties) if k == name), None)

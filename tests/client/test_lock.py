@@ -1,0 +1,179 @@
+"""LeasedLock against the embedded store and against the service on mosquitto."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from agent.client import errors
+from agent.client.lock import LeasedLock, LockNotHeld, LossReason, default_safety_margin_s
+from agent.client.session import Session
+from agent.client.statestore import KeyChange, StateStoreClient
+from agent.protocol.hlc import Hlc
+from tests.support.store_backends import StoreBackend
+
+_ids = itertools.count()
+Connect = Callable[[str], "asyncio.Future[StateStoreClient]"]
+
+
+@pytest.fixture
+async def connect(store_backend: StoreBackend) -> AsyncIterator[Connect]:
+    opened: list[tuple[Session, StateStoreClient]] = []
+
+    async def open_client(name: str) -> StateStoreClient:
+        session = Session(store_backend.settings(), client_id=f"{name}-{next(_ids)}")
+        await session.start(timeout=10)
+        client = StateStoreClient(session, request_timeout_s=3)
+        await client.start()
+        opened.append((session, client))
+        return client
+
+    yield open_client  # type: ignore[misc]
+    for session, client in opened:
+        await client.close()
+        await session.stop()
+
+
+def lock_key() -> str:
+    return f"device-{next(_ids)}-{time.monotonic_ns()}\\lock"
+
+
+class Losses:
+    def __init__(self) -> None:
+        self.reasons: list[LossReason] = []
+        self.event = asyncio.Event()
+
+    def __call__(self, reason: LossReason) -> None:
+        self.reasons.append(reason)
+        self.event.set()
+
+
+async def test_acquire_renew_release(connect: Connect) -> None:
+    a, b = await connect("a"), await connect("b")
+    key = lock_key()
+    lock_a, lock_b = LeasedLock(a, key, "a"), LeasedLock(b, key, "b")
+    token = await lock_a.try_acquire(5000)
+    assert token is not None and lock_a.held and lock_a.token == token
+    assert await lock_b.try_acquire(5000) is None
+    assert not lock_b.held
+    assert await lock_b.current_holder() == b"a"
+    renewed = await lock_a.renew()
+    assert renewed is not None and renewed > token
+    assert await lock_a.release()
+    assert not lock_a.held and lock_a.token is None
+    assert await lock_b.try_acquire(5000) is not None
+    assert not await lock_a.release()  # no longer ours: VDEL leaves b's lock alone
+    assert await lock_b.current_holder() == b"b"
+
+
+async def test_observe_sees_release(connect: Connect) -> None:
+    a, b = await connect("a"), await connect("b")
+    key = lock_key()
+    lock_a, lock_b = LeasedLock(a, key, "a"), LeasedLock(b, key, "b")
+    await lock_a.try_acquire(5000)
+    released = asyncio.Event()
+
+    def on_change(change: KeyChange) -> None:
+        if change.kind == "DELETE":
+            released.set()
+
+    assert await lock_b.observe(on_change) == b"a"
+    await lock_a.release()
+    await asyncio.wait_for(released.wait(), 5)
+    assert await lock_b.try_acquire(5000) is not None
+
+
+async def test_local_deadline_passes_before_the_store_expires_the_lock(connect: Connect) -> None:
+    client = await connect("a")
+    key = lock_key()
+    lock = LeasedLock(client, key, "a", safety_margin_s=0.2)
+    losses = Losses()
+    lock.on_lost(losses)
+    sent = time.monotonic()
+    assert await lock.try_acquire(600) is not None
+    answered = time.monotonic()
+    # Counted from the send time, not from the answer.
+    assert lock.deadline is not None and sent + 0.4 <= lock.deadline <= answered + 0.4
+    await asyncio.wait_for(losses.event.wait(), 5)
+    assert losses.reasons == [LossReason.DEADLINE_PASSED]
+    assert not lock.held and lock.token is None
+    # The store still holds it: the holder gave up first, as it must.
+    assert await lock.current_holder() == b"a"
+
+
+async def test_renewal_refused_is_a_loss(connect: Connect) -> None:
+    a, b = await connect("a"), await connect("b")
+    key = lock_key()
+    lock_a = LeasedLock(a, key, "a", safety_margin_s=0.05)
+    losses = Losses()
+    lock_a.on_lost(losses)
+    await lock_a.try_acquire(300)
+    # a is paused past its lease; b takes over after the store expired it.
+    gone = asyncio.Event()
+    await b.observe(key, lambda c: gone.set() if c.kind == "DELETE" else None)
+    await asyncio.wait_for(gone.wait(), 5)
+    assert await LeasedLock(b, key, "b").try_acquire(5000) is not None
+    lock_a._deadline = time.monotonic() + 10  # as if its deadline had not passed yet
+    lock_a._token = lock_a._token or Hlc(1, 0, "x")
+    assert await lock_a.renew() is None
+    assert LossReason.RENEWAL_REFUSED in losses.reasons
+    assert not lock_a.held
+
+
+async def test_fenced_write_rejected_is_a_loss(connect: Connect) -> None:
+    a, b = await connect("a"), await connect("b")
+    key = lock_key()
+    data = key.replace("lock", "setPoint")
+    lock_a, lock_b = LeasedLock(a, key, "a"), LeasedLock(b, key, "b")
+    losses = Losses()
+    lock_a.on_lost(losses)
+    with pytest.raises(LockNotHeld):
+        await lock_a.fenced_set(data, b"20")
+    await lock_a.try_acquire(5000)
+    assert (await lock_a.fenced_set(data, b"20")).applied
+    stale = lock_a.token
+    # b becomes the owner (as after a's lease ran out) and writes with its newer token.
+    await b.delete(key)
+    assert await lock_b.try_acquire(5000) is not None
+    assert (await lock_b.fenced_set(data, b"21")).applied
+    lock_a._token = stale
+    with pytest.raises(errors.FencingTokenLowerVersion):
+        await lock_a.fenced_set(data, b"22")
+    assert losses.reasons == [LossReason.FENCED_WRITE_REJECTED]
+    value, _ = await b.get(data)
+    assert value == b"21"
+
+
+async def test_two_contenders_over_many_rounds(connect: Connect) -> None:
+    clients = [await connect("x"), await connect("y")]
+    key = lock_key()
+    data = key.replace("lock", "setPoint")
+    locks = [LeasedLock(c, key, name) for c, name in zip(clients, "xy", strict=True)]
+    tokens: list[Hlc] = []
+    winners = []
+    for round_number in range(30):
+        order = locks if round_number % 2 else locks[::-1]  # both get to go first
+        results = await asyncio.gather(*(lock.try_acquire(5000) for lock in order))
+        held = [lock for lock in locks if lock.held]
+        assert len(held) == 1, f"round {round_number}: {len(held)} holders"
+        token = next(t for t in results if t is not None)
+        assert not tokens or token > tokens[-1]
+        tokens.append(token)
+        winner = held[0]
+        winners.append(winner.holder)
+        assert (await winner.fenced_set(data, b"%d" % round_number)).applied
+        if len(tokens) > 1:  # the previous round's token is stale now
+            with pytest.raises(errors.FencingTokenLowerVersion):
+                await winner.client.set(data, b"stale", fencing_token=tokens[-2])
+        assert await winner.release()
+    assert len(set(winners)) == 2, "both contenders should win some rounds"
+
+
+def test_safety_margin_defaults() -> None:
+    assert default_safety_margin_s(3.0) == pytest.approx(0.3)
+    assert default_safety_margin_s(0.1) == 0.05
+    assert default_safety_margin_s(60) == 1.0

@@ -1,0 +1,333 @@
+"""StateStoreClient against the embedded store and against the service on mosquitto."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from agent.client import errors
+from agent.client.session import Message, NotConnected, Session
+from agent.client.statestore import Condition, KeyChange, StateStoreClient
+from agent.protocol import topics
+from agent.protocol.hlc import Hlc
+from agent.protocol.resp3 import Notification, encode_notification
+from tests.support.store_backends import DENIED_PREFIX, QUOTA, StoreBackend
+
+_ids = itertools.count()
+
+
+def unique(prefix: str = "key") -> bytes:
+    return f"{prefix}-{next(_ids)}-{time.monotonic_ns()}".encode()
+
+
+def _future(ms: int) -> Hlc:
+    return Hlc(time.time_ns() // 1_000_000 + ms, 0, "x")
+
+
+class Changes:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[KeyChange] = asyncio.Queue()
+
+    def __call__(self, change: KeyChange) -> None:
+        self.queue.put_nowait(change)
+
+    async def next(self, within: float = 5.0) -> KeyChange:
+        return await asyncio.wait_for(self.queue.get(), within)
+
+
+@pytest.fixture
+async def connect(
+    store_backend: StoreBackend,
+) -> AsyncIterator[Callable[..., asyncio.Future[StateStoreClient]]]:
+    opened: list[tuple[Session, StateStoreClient]] = []
+
+    async def open_client(name: str = "client", **kwargs: object) -> StateStoreClient:
+        session = Session(store_backend.settings(), client_id=f"{name}-{next(_ids)}")
+        await session.start(timeout=10)
+        options: dict[str, object] = {"request_timeout_s": 2.0, **kwargs}
+        client = StateStoreClient(session, **options)  # type: ignore[arg-type]
+        await client.start()
+        opened.append((session, client))
+        return client
+
+    yield open_client  # type: ignore[misc]
+    for session, client in opened:
+        await client.close()
+        await session.stop()
+
+
+async def test_set_get_delete_vdelete(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    client = await connect()
+    key = unique()
+    assert await client.get(key) == (None, None)
+    first = await client.set(key, b"21.5")
+    assert first.applied and first.version is not None
+    value, version = await client.get(key)
+    assert (value, version) == (b"21.5", first.version)
+    second = await client.set(key, "22")
+    assert second.version is not None and second.version > first.version
+    assert await client.vdelete(key, b"nope") == -1
+    assert await client.vdelete(key, b"22") == 1
+    assert await client.vdelete(key, b"22") == 0
+    await client.set(key, b"x")
+    assert await client.delete(key) == 1
+    assert await client.delete(key) == 0
+
+
+async def test_conditions_and_expiry(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    client = await connect()
+    key = unique()
+    assert (await client.set(key, b"a", condition=Condition.NX)).applied
+    refused = await client.set(key, b"b", condition=Condition.NX)
+    assert not refused.applied and refused.version is not None
+    assert not (await client.set(key, b"b", condition=Condition.NEX)).applied
+    assert (await client.set(key, b"a", condition=Condition.NEX, expiry_ms=200)).applied
+    changes = Changes()
+    await client.observe(key, changes)
+    change = await changes.next()
+    assert (change.kind, change.value) == ("DELETE", None)
+    assert await client.get(key) == (None, None)
+    with pytest.raises(ValueError):
+        await client.set(key, b"a", expiry_ms=0)
+
+
+async def test_fencing(connect: Callable[..., asyncio.Future[StateStoreClient]]) -> None:
+    client = await connect()
+    lock, key = unique("lock"), unique()
+    old = (await client.set(lock, b"me", condition=Condition.NEX, expiry_ms=5000)).version
+    new = (await client.set(lock, b"me", condition=Condition.NEX, expiry_ms=5000)).version
+    assert old is not None and new is not None and new > old
+    assert (await client.set(key, b"1", fencing_token=new)).applied
+    with pytest.raises(errors.FencingTokenLowerVersion):
+        await client.set(key, b"2", fencing_token=old)
+    with pytest.raises(errors.FencingTokenRequired):
+        await client.set(key, b"2")
+    with pytest.raises(errors.FencingTokenRequired):
+        await client.delete(key)
+    with pytest.raises(errors.FencingTokenLowerVersion):
+        await client.vdelete(key, b"1", fencing_token=old)
+    assert await client.delete(key, fencing_token=new) == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda c: c.get(b""), errors.KeyLengthZero),
+        (lambda c: c.get(DENIED_PREFIX + "x"), errors.NotAuthorized),
+        (
+            lambda c: c.set(b"k", b"v", fencing_token=_future(120_000)),
+            errors.FencingTokenSkew,
+        ),
+    ],
+)
+async def test_service_errors_map_to_types(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+    call: Callable[[StateStoreClient], asyncio.Future[object]],
+    error: type[errors.ServiceError],
+) -> None:
+    client = await connect()
+    with pytest.raises(error) as caught:
+        await call(client)
+    assert caught.value.text == error.text
+
+
+async def test_quota_exceeded(
+    store_backend: StoreBackend, connect: Callable[..., asyncio.Future[StateStoreClient]]
+) -> None:
+    client = await connect()
+    for index in range(QUOTA - len(store_backend.store)):
+        store_backend.write_directly(b"fill-%d" % index, b"x")
+    with pytest.raises(errors.QuotaExceeded):
+        await client.set(unique(), b"v")
+
+
+async def test_every_error_text_has_its_type() -> None:
+    from agent.protocol import errors as texts
+
+    kinds = {type(errors.service_error(text)) for text in texts.ALL}
+    assert len(kinds) == len(texts.ALL)
+    assert errors.ServiceError not in kinds
+    unknown = errors.service_error("something new")
+    assert type(unknown) is errors.ServiceError and unknown.text == "something new"
+
+
+async def test_raw_errors_of_the_service(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    """Texts only a malformed request can produce, sent through the client's own path."""
+    client = await connect()
+    cases = [
+        ([b"NOPE", b"k"], errors.UnknownCommand),
+        ([b"GET"], errors.WrongNumberOfArguments),
+        ([b"SET", b"k", b"v", b"PX", b"0"], errors.SyntaxErrorReply),
+    ]
+    for args, error in cases:
+        with pytest.raises(error):
+            await client._request(args, None, None)
+
+
+async def test_timestamp_errors_of_the_service(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    client = await connect()
+    session = client.session
+    for properties, error in [
+        ([], errors.MissingTimestamp),
+        ([(topics.TIMESTAMP, "garbage")], errors.MalformedTimestamp),
+        ([(topics.TIMESTAMP, str(_future(120_000)))], errors.TimestampSkew),
+    ]:
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        correlation = b"%016d" % next(_ids)
+        client._pending[correlation] = future
+        await session.publish(
+            topics.INVOKE_TOPIC,
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n",
+            response_topic=topics.response_topic(session.client_id),
+            correlation_data=correlation,
+            user_properties=properties,
+        )
+        with pytest.raises(error):
+            client._parse_response(await asyncio.wait_for(future, 5))
+
+
+async def test_clock_unusable_is_refused_locally(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    # A gateway whose wall clock is two minutes behind the service.
+    client = await connect(wall_clock=lambda: time.time_ns() // 1_000_000 - 120_000)
+    await client.delete(b"any")  # its response merges the service's clock
+    with pytest.raises(errors.ClockUnusable, match="clock"):
+        await client.get(b"any")
+
+
+async def test_observe_delivers_changes_in_order_with_versions(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    watcher, writer = await connect("watcher"), await connect("writer")
+    key = unique()
+    changes = Changes()
+    assert await watcher.observe(key, changes) == (None, None)
+    versions = []
+    for value in (b"1", b"2", b"3"):
+        versions.append((await writer.set(key, value)).version)
+    await writer.delete(key)
+    seen = [await changes.next() for _ in range(4)]
+    assert [(c.kind, c.value) for c in seen] == [
+        ("SET", b"1"),
+        ("SET", b"2"),
+        ("SET", b"3"),
+        ("DELETE", None),
+    ]
+    assert [c.version for c in seen[:3]] == versions
+    assert seen[3].version is not None and seen[3].version > versions[2]
+
+    await watcher.unobserve(key)
+    await writer.set(key, b"4")
+    await watcher.get(key)  # a round trip after the change
+    assert changes.queue.empty()
+
+
+async def test_old_notifications_are_dropped(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    client = await connect()
+    key = unique()
+    changes = Changes()
+    await client.observe(key, changes)
+    version = (await client.set(key, b"new")).version
+    assert (await changes.next()).value == b"new"
+    assert version is not None
+    stale = Message(
+        topics.notify_topic(client.client_id, key),
+        encode_notification(Notification("SET", b"old")),
+        user_properties=[(topics.TIMESTAMP, str(Hlc(version.wall_ms - 1, 0, "statestore")))],
+    )
+    client._on_notification(stale)
+    client._on_notification(Message(topics.notify_topic(client.client_id, key), b"garbage"))
+    await client.set(key, b"newer")
+    assert (await changes.next()).value == b"newer"
+
+
+async def test_calling_the_client_from_a_handler_does_not_deadlock(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    client = await connect()
+    key, echo = unique(), unique("echo")
+    done: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+
+    async def handler(change: KeyChange) -> None:
+        await client.set(echo, change.value or b"")
+        value, _ = await client.get(echo)
+        done.set_result(value)
+
+    await client.observe(key, handler)
+    await client.set(key, b"ping")
+    assert await asyncio.wait_for(done, 5) == b"ping"
+
+
+async def test_broker_restart_while_observing(
+    store_backend: StoreBackend, connect: Callable[..., asyncio.Future[StateStoreClient]]
+) -> None:
+    client = await connect()
+    key, other = unique(), unique("unchanged")
+    changes = Changes()
+    await client.observe(key, changes)
+    await client.set(other, b"same")
+    await client.observe(other, changes)
+
+    await store_backend.broker_down()
+    # Changed while the client was away: its notification is lost with the connection.
+    store_backend.write_directly(key, b"set-while-away")
+    await store_backend.broker_up()
+
+    change = await changes.next(within=10)
+    assert (change.key, change.kind, change.value) == (key, "SET", b"set-while-away")
+    assert change.synthetic and change.version is not None
+    # Registrations are back: a live change arrives as a notification.
+    await client.set(key, b"after")
+    change = await changes.next()
+    assert (change.value, change.synthetic) == (b"after", False)
+    assert changes.queue.empty()  # nothing for the unchanged key
+
+
+async def test_not_connected_fails_fast(
+    store_backend: StoreBackend, connect: Callable[..., asyncio.Future[StateStoreClient]]
+) -> None:
+    client = await connect()
+    gone = asyncio.Event()
+    client.session.on_disconnect(gone.set)
+    await store_backend.broker_down()
+    await asyncio.wait_for(gone.wait(), 10)
+    started = time.monotonic()
+    with pytest.raises(NotConnected):
+        await client.get(b"k")
+    assert time.monotonic() - started < 1
+    await store_backend.broker_up()
+
+
+async def test_request_timeout(connect: Callable[..., asyncio.Future[StateStoreClient]]) -> None:
+    client = await connect()
+    # Nobody answers on a response topic we are not subscribed to.
+    client._response_topic = "nobody/listens/here"
+    with pytest.raises(errors.RequestTimeout):
+        await client.get(b"k", timeout=0.3)
+    assert not client._pending
+
+
+async def test_200_concurrent_requests(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    client = await connect()
+    key = unique()
+    results = await asyncio.gather(*(client.set(key + b"-%d" % i, b"%d" % i) for i in range(200)))
+    assert all(r.applied for r in results)
+    values = await asyncio.gather(*(client.get(key + b"-%d" % i) for i in range(200)))
+    assert [v for v, _ in values] == [b"%d" % i for i in range(200)]
