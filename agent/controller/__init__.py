@@ -1,7 +1,7 @@
 """The local controller: the driver interface, the line-protocol (serial) and Modbus RTU
 drivers, and the fake device. pymodbus is imported only when a Modbus driver is made."""
 
-from agent.controller.base import SetpointRejected
+from agent.controller.base import SetpointRejected, WriteNotAllowed
 from agent.controller.fake_device import FakeDevice, start_fake_device
 from agent.controller.interface import (
     DEFAULT_LIMITS,
@@ -36,6 +36,7 @@ __all__ = [
     "RegisterMap",
     "SerialController",
     "SetpointRejected",
+    "WriteNotAllowed",
     "start_fake_device",
     "validate_setpoint",
 ]

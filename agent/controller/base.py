@@ -55,6 +55,10 @@ class LinkLost(Exception):
     """The port failed (unplugged, connection dropped): close it and reopen it."""
 
 
+class WriteNotAllowed(ControllerError):
+    """The caller's `allowed` check said no at the last moment; nothing was written."""
+
+
 class SetpointRejected(ControllerError):
     """The controller refused the set point (its limits may have changed)."""
 
@@ -344,7 +348,9 @@ class BlockingPortDriver(Controller):
     async def read_temperature(self) -> float:
         return await self._call(self._io_read_temperature)
 
-    async def write_setpoint(self, value: object) -> float:
+    async def write_setpoint(
+        self, value: object, *, allowed: Callable[[], bool] | None = None
+    ) -> float:
         """Write a set point and return the value read back from the controller.
 
         The value is checked against the controller's limits and rounded to its step
@@ -352,6 +358,8 @@ class BlockingPortDriver(Controller):
         It is written only if the controller holds a different value, and never sooner
         than min_write_interval_s after the previous write: this call waits for that.
         After the controller was unavailable, limits and state are read again first.
+        `allowed` is asked right before the bytes go out (after any wait): the owner of a
+        lease uses it so that nothing is written once the lease has run out.
         """
         as_finite_number(value)  # reject non-numbers before any I/O
         if self._write_lock is None:
@@ -366,6 +374,8 @@ class BlockingPortDriver(Controller):
                 log.debug("%s: set point already %s, not written", self.name, current)
                 return current
             await self._wait_write_interval()
+            if allowed is not None and not allowed():
+                raise WriteNotAllowed(f"{self.name}: write of {target} withdrawn")
             try:
                 stored = await self._call(self._io_write_setpoint, target)
             except SetpointRejected:

@@ -172,8 +172,13 @@ class Controller(ABC):
         """The set points the controller accepts."""
 
     @abstractmethod
-    async def write_setpoint(self, value: object) -> float:
-        """Validate, round to the step, write if it differs, and return the value read back."""
+    async def write_setpoint(
+        self, value: object, *, allowed: Callable[[], bool] | None = None
+    ) -> float:
+        """Validate, round to the step, write if it differs, and return the value read back.
+
+        `allowed`, when given, is asked right before writing; False means write nothing.
+        """
 
     async def __aenter__(self) -> Self:
         await self.open()

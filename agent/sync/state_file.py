@@ -1,0 +1,59 @@
+"""The last synced state on disk, written atomically, so that a restart knows whether a
+difference between store and controller is a local or a remote change."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from agent.protocol.hlc import Hlc, HlcError
+from agent.sync.decisions import Synced
+
+log = logging.getLogger(__name__)
+
+
+class StateFile:
+    def __init__(self, directory: Path, device_id: str) -> None:
+        self.path = directory / f"{device_id}.synced.json"
+
+    def load(self) -> Synced:
+        try:
+            data = json.loads(self.path.read_text())
+            value = data.get("value")
+            version = data.get("version")
+            return Synced(
+                None if value is None else float(value),
+                None if version is None else Hlc.parse(version),
+            )
+        except FileNotFoundError:
+            return Synced()
+        except (OSError, ValueError, TypeError, AttributeError, HlcError) as exc:
+            # A damaged file must not stop the agent: it only loses the hint of direction.
+            log.warning("ignoring unreadable state file %s: %s", self.path, exc)
+            return Synced()
+
+    def save(self, synced: Synced) -> None:
+        data = {
+            "value": synced.value,
+            "version": None if synced.version is None else str(synced.version),
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".synced-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as file:
+                json.dump(data, file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        # The rename itself must reach the disk, or a power cut could undo it.
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
