@@ -19,7 +19,7 @@ SUBCOMMANDS = {
 EXIT_USAGE = 2
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agent",
         description="Keeps a controller's set point in sync with the Azure IoT Operations "
@@ -27,7 +27,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in SUBCOMMANDS.items():
-        if only is not None and name != only:
+        if name != only:
             subparsers.add_parser(name, help=f"see `agent {name} --help`")
             continue
         importlib.import_module(module_name).register(subparsers)
@@ -37,8 +37,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     first = next((a for a in args_list if not a.startswith("-")), None)
-    only = first if first in SUBCOMMANDS else None
-    parser = build_parser(only)
+    if first not in SUBCOMMANDS:
+        # No subcommand: the agent itself, whose flags take values (not subcommands).
+        from agent.runtime.cli import main as run_agent
+
+        return run_agent(args_list, list(SUBCOMMANDS))
+    parser = build_parser(first)
     args = parser.parse_args(args_list)
     func = getattr(args, "func", None)
     if func is None:

@@ -12,9 +12,11 @@ Secrets are ``SecretStr``: they print as ``**********`` in reprs, logs and ``mod
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import socket
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -25,7 +27,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "AGENT_"
 ENV_NESTED_DELIMITER = "__"
@@ -208,3 +210,221 @@ def setting_errors(exc: ValidationError, *, within: tuple[str, ...] = ()) -> lis
         message = error["msg"].removeprefix("Value error, ")
         lines.append(f"{variable} ({'.'.join(path) or 'settings'}): {message}")
     return lines
+
+
+# --------------------------------------------------------------------------- the agent
+
+# A device id appears in topics and key names: no MQTT wildcards, separators or spaces.
+_DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+
+
+class SerialSettings(BaseModel):
+    """The local controller's line."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    driver: Literal["line", "modbus"] = Field(
+        default="line", description="line (ASCII line protocol) or modbus (Modbus RTU)."
+    )
+    url: str = Field(
+        default="",
+        description="Device path (/dev/serial/by-id/...), socket://HOST:PORT or "
+        "rfc2217://HOST:PORT.",
+    )
+    baudrate: Annotated[int, Field(gt=0)] = 9600
+    parity: Literal["N", "E", "O"] = "N"
+    bytesize: Annotated[int, Field(ge=7, le=8)] = 8
+    stopbits: Annotated[int, Field(ge=1, le=2)] = 1
+    reply_timeout_s: Annotated[float, Field(gt=0, le=30)] = Field(
+        default=0.5, description="How long to wait for the controller's reply."
+    )
+    min_write_interval_s: Annotated[float, Field(ge=0)] = Field(
+        default=1.0, description="Least time between two writes (spares the EEPROM)."
+    )
+    poll_interval_s: Annotated[float, Field(gt=0)] = Field(
+        default=1.0, description="How often the controller is read for local changes."
+    )
+    modbus_unit_id: Annotated[int, Field(ge=1, le=247)] = 1
+    modbus_setpoint_register: Annotated[int, Field(ge=0, le=65535)] = 0
+    modbus_temperature_register: Annotated[int, Field(ge=0, le=65535)] = 1
+    modbus_scale: Annotated[float, Field(gt=0)] = Field(
+        default=10.0, description="Register value = degrees x scale."
+    )
+    modbus_signed: bool = True
+    modbus_read_function: Annotated[int, Field(ge=3, le=4)] = Field(
+        default=3, description="3 (holding registers) or 4 (input registers)."
+    )
+    modbus_write_function: int = Field(
+        default=6, description="6 (write single register) or 16 (write multiple)."
+    )
+
+    @field_validator("modbus_write_function")
+    @classmethod
+    def _write_function(cls, value: int) -> int:
+        if value not in (6, 16):
+            raise ValueError("must be 6 or 16")
+        return value
+
+
+class LockSettings(BaseModel):
+    """The leased lock that makes one instance of a pair active."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_ms: Annotated[int, Field(ge=300, le=600_000)] = Field(
+        default=3000, description="Lease length; renewed every third of it."
+    )
+    safety_margin_ms: Annotated[int, Field(ge=0)] | None = Field(
+        default=None,
+        description="The active gives up this long before the lease ends "
+        "(default: 10% of the TTL, 50 ms to 1 s).",
+    )
+
+    @model_validator(mode="after")
+    def _margin_below_ttl(self) -> Self:
+        if self.safety_margin_ms is not None and self.safety_margin_ms * 2 >= self.ttl_ms:
+            raise ValueError("safety_margin_ms must be less than half of ttl_ms")
+        return self
+
+
+class TelemetrySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    interval_s: Annotated[float, Field(gt=0)] = Field(
+        default=10.0, description="How often telemetry is published."
+    )
+    topic: str = Field(
+        default="devices/{device}/telemetry", description="Topic; {device} is replaced."
+    )
+    jitter_s: Annotated[float, Field(ge=0)] = Field(
+        default=1.0, description="Random delay added to each publication."
+    )
+
+    @field_validator("topic")
+    @classmethod
+    def _valid_topic(cls, value: str) -> str:
+        if not value or "+" in value or "#" in value:
+            raise ValueError("must be a topic name without wildcards")
+        try:
+            value.format(device="d")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{device}} may be substituted ({exc})") from None
+        return value
+
+
+class KeySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    setpoint: str = Field(default="{device}\\setPoint", description="Key of the set point.")
+    lock: str = Field(default="{device}\\lock", description="Key of the pair's lock.")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Self:
+        for name in ("setpoint", "lock"):
+            try:
+                getattr(self, name).format(device="d")
+            except (KeyError, IndexError, ValueError):
+                raise ValueError(f"keys.{name}: only {{device}} may be substituted") from None
+        if self.setpoint == self.lock:
+            raise ValueError("keys.setpoint and keys.lock must differ")
+        return self
+
+
+class _CredentialsSource(PydanticBaseSettingsSource):
+    """Secrets from files in $CREDENTIALS_DIRECTORY (systemd LoadCredential=)."""
+
+    FILES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "mqtt-password": ("mqtt", "password"),
+        "mqtt-key-password": ("mqtt", "tls", "key_password"),
+    }
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        directory = os.environ.get("CREDENTIALS_DIRECTORY")
+        found: dict[str, Any] = {}
+        if not directory:
+            return found
+        for name, path in self.FILES.items():
+            file = Path(directory) / name
+            if file.is_file():
+                node = found
+                for part in path[:-1]:
+                    node = node.setdefault(part, {})
+                node[path[-1]] = file.read_text().rstrip("\n")
+        return found
+
+
+def _default_state_dir() -> Path:
+    # systemd's StateDirectory= sets STATE_DIRECTORY (colon-separated if several).
+    state = os.environ.get("STATE_DIRECTORY")
+    return Path(state.split(":")[0]) if state else Path("/var/lib/agent")
+
+
+class AgentSettings(BaseSettings):
+    """Everything the agent reads: environment (AGENT_...), an env file, credentials, flags."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="ignore",
+        hide_input_in_errors=True,
+    )
+
+    device_id: str = Field(description="The device this pair of instances serves.")
+    instance_id: str = Field(
+        default_factory=socket.gethostname,
+        description="This instance, unique within the pair (default: the host name).",
+    )
+    state_dir: Path = Field(
+        default_factory=_default_state_dir,
+        description="Where the last synced state is kept ($STATE_DIRECTORY under systemd).",
+    )
+    reconcile_interval_s: Annotated[float, Field(gt=0)] = Field(
+        default=60.0, description="How often store and controller are compared as a safety net."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    keys: KeySettings = Field(default_factory=KeySettings)
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    serial: SerialSettings = Field(default_factory=SerialSettings)
+    lock: LockSettings = Field(default_factory=LockSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Flags, then the environment, then the env file, then credential files.
+        return (init_settings, env_settings, dotenv_settings, _CredentialsSource(settings_cls))
+
+    @field_validator("device_id", "instance_id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        if not _DEVICE_ID.fullmatch(value):
+            raise ValueError(
+                "use letters, digits and . _ : - (no spaces, '/', '+' or '#'), starting with "
+                "a letter or digit"
+            )
+        return value
+
+    @property
+    def client_id(self) -> str:
+        return self.mqtt.client_id or default_client_id(self.device_id, self.instance_id)
+
+    @property
+    def setpoint_key(self) -> str:
+        return self.keys.setpoint.format(device=self.device_id)
+
+    @property
+    def lock_key(self) -> str:
+        return self.keys.lock.format(device=self.device_id)
+
+    @property
+    def telemetry_topic(self) -> str:
+        return self.telemetry.topic.format(device=self.device_id)

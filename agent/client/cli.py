@@ -64,7 +64,14 @@ def register(subparsers: Any) -> None:
     cond.add_argument("--nx", action="store_true", help="only if the key does not exist")
     cond.add_argument("--nex", action="store_true", help="only if absent or equal to this value")
     set_.add_argument("--px", type=int, metavar="MS", help="expire after MS milliseconds")
-    set_.add_argument("--fencing-token", metavar="HLC", help="fencing token (__ft)")
+    fence = set_.add_mutually_exclusive_group()
+    fence.add_argument("--fencing-token", metavar="HLC", help="fencing token (__ft)")
+    fence.add_argument(
+        "--fence-with",
+        metavar="LOCKKEY",
+        help="use the current version of this lock as fencing token: how a remote writer "
+        "changes a key that the lock's holder fences (exit 1 when nobody holds the lock)",
+    )
     set_.add_argument("--hex", action="store_true", help="the value is given as hex")
     set_.set_defaults(store_func=_set)
 
@@ -232,12 +239,14 @@ async def _set(client: StateStoreClient, args: argparse.Namespace) -> int:
     if args.px is not None and args.px <= 0:
         raise UsageError("--px must be a positive number of milliseconds")
     condition = Condition.NX if args.nx else Condition.NEX if args.nex else None
+    token = _token(args)
+    if args.fence_with is not None:
+        holder, token = await client.get(args.fence_with)
+        if holder is None:
+            print(f"nobody holds {args.fence_with}: nothing to fence with", file=sys.stderr)
+            return EXIT_NOT_APPLIED
     result = await client.set(
-        args.key,
-        _value(args),
-        condition=condition,
-        expiry_ms=args.px,
-        fencing_token=_token(args),
+        args.key, _value(args), condition=condition, expiry_ms=args.px, fencing_token=token
     )
     if not result.applied:
         print(f"not applied (current version {result.version})", file=sys.stderr)

@@ -114,12 +114,23 @@ class LeasedLock:
     async def fenced_set(
         self, key: bytes | str, value: bytes | str, *, timeout: float | None = None
     ) -> SetResult:
-        """Writes with the current token; a rejection by a newer token is a loss."""
+        """Writes with the current token. A rejection is a loss, unless the lock is still
+        ours: others may fence their writes with the lock's latest version (its value is
+        our holder name), which can be a renewal whose answer has not reached us yet."""
         token = self.token
         if token is None:
             raise LockNotHeld(f"{self.key!r} is not held")
         try:
             return await self.client.set(key, value, fencing_token=token, timeout=timeout)
+        except FencingTokenLowerVersion:
+            holder, version = await self.client.get(self.key, timeout=timeout)
+            if holder != self.holder or version is None or version <= token or not self.held:
+                self._lose(LossReason.FENCED_WRITE_REJECTED)
+                raise
+        # The lock's latest version is a token of ours: adopt it and write once more.
+        self._token = version
+        try:
+            return await self.client.set(key, value, fencing_token=version, timeout=timeout)
         except FencingTokenLowerVersion:
             self._lose(LossReason.FENCED_WRITE_REJECTED)
             raise

@@ -1,0 +1,66 @@
+"""`agent --simulate`: the whole thing on one machine.
+
+A fake controller (on TCP, as a serial device server would share it with a pair), an
+embedded state store unless a broker is configured, and the agent (two with --pair).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+from agent.config import AgentSettings
+from agent.controller.fake_device import start_fake_device
+from agent.emulator.embedded import EmbeddedStateStore
+from agent.runtime.agent import Agent
+
+
+async def simulate(settings: AgentSettings, *, pair: bool, use_broker: bool) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    emulator = None
+    if not use_broker:
+        emulator = EmbeddedStateStore("127.0.0.1", 0)
+        await emulator.start()
+        mqtt = settings.mqtt.model_copy(update={"host": emulator.host, "port": emulator.port})
+        settings = settings.model_copy(update={"mqtt": mqtt})
+    device = await start_fake_device(tcp_port=0, panel_port=0)
+    serial = settings.serial.model_copy(update={"driver": "line", "url": device.tcp_url})
+    settings = settings.model_copy(update={"serial": serial})
+    instances = [settings]
+    if pair:
+        other = settings.model_copy(update={"instance_id": settings.instance_id + "-standby"})
+        instances.append(other)
+
+    host, port = settings.mqtt.host, settings.mqtt.port
+    key = settings.setpoint_key.replace("'", "'\\''")
+    lock = settings.lock_key.replace("'", "'\\''")
+    panel_host, panel_port = device.panel_url.removeprefix("tcp://").rsplit(":", 1)  # type: ignore[union-attr]
+    print(
+        f"state store  mqtt://{host}:{port}"
+        + (" (embedded)" if emulator is not None else "")
+        + f"\nfront panel  {device.panel_url}"
+        + f"\ndevice line  {device.tcp_url}"
+        + "\n\nChange the set point from another terminal, in the store:"
+        + f"\n  export AGENT_MQTT__HOST={host} AGENT_MQTT__PORT={port}"
+        + f"\n  agent store set '{key}' 22.5 --fence-with '{lock}'"
+        + "\nor at the device's front panel:"
+        + f"\n  printf 'PANEL SP 23.5\\r\\n' > /dev/tcp/{panel_host}/{panel_port}"
+        + "\nWatch the store:"
+        + f"\n  agent store watch '{key}'"
+        + "\nStop with Ctrl-C.\n",
+        flush=True,
+    )
+    try:
+        agents = [Agent(s) for s in instances]
+        results = await asyncio.gather(*(a.run(stop) for a in agents))
+    finally:
+        await device.stop()
+        if emulator is not None:
+            await emulator.stop()
+    sys.stdout.flush()
+    return max(results, default=0)

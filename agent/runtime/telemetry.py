@@ -1,0 +1,50 @@
+"""Telemetry: a JSON document with CloudEvents attributes as MQTT user properties.
+
+`build()` is pure; the agent publishes what it returns."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+CONTENT_TYPE = "application/json"
+EVENT_TYPE = "agent.telemetry.v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    device: str
+    instance: str
+    role: str  # active | standby
+    setpoint: float | None
+    temperature: float | None
+    output: int | None
+    mode: str | None
+    controller: str | None  # ok | unavailable | error; None for the standby
+    fencing_token: str | None
+    last_sync_time: str | None
+    last_sync_version: str | None
+    errors: dict[str, int]
+
+
+def build(snapshot: Snapshot, now: datetime | None = None) -> tuple[bytes, list[tuple[str, str]]]:
+    """The payload and the CloudEvents user properties of one telemetry message."""
+    when = (now or datetime.now(UTC)).isoformat(timespec="milliseconds")
+    payload = json.dumps(asdict(snapshot), separators=(",", ":")).encode()
+    properties = [
+        ("specversion", "1.0"),
+        ("type", EVENT_TYPE),
+        ("source", f"agent/{snapshot.device}/{snapshot.instance}"),
+        ("id", str(uuid.uuid4())),
+        ("time", when.replace("+00:00", "Z")),
+    ]
+    return payload, properties
+
+
+def iso_time(epoch_s: float | None) -> str | None:
+    if epoch_s is None:
+        return None
+    stamp = datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
