@@ -4,6 +4,7 @@ controller and the store's set point in sync. The standby never opens the serial
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import math
@@ -22,9 +23,11 @@ from agent.client.session import ConnectionRefused, Session, SessionError
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.config import AgentSettings
 from agent.controller.base import BlockingPortDriver
+from agent.protocol.hlc import Hlc
 from agent.runtime import telemetry
 from agent.runtime.clock_guard import ClockStepDetector
 from agent.runtime.notify import Notifier
+from agent.sync.decisions import InvalidRemoteValue, Synced, parse_setpoint
 from agent.sync.setpoint import SetpointSync, SyncStatus
 from agent.sync.state_file import StateFile
 
@@ -111,6 +114,7 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.active_event = asyncio.Event()  # set while active, for tests and --simulate
         self._clock_task: asyncio.Task[None] | None = None
+        self._initial: tuple[bytes | None, Hlc | None] = (None, None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -136,6 +140,8 @@ class Agent:
                 return await self._shutdown()
             self.role = Role.STANDBY
             await self._contend()
+            if self.role is Role.STANDBY:
+                self._follow_store(*self._initial)
             self.notifier.ready(self._status_words())
             log.info("started as %s", self.role.value)
             self._start_scheduler()
@@ -167,7 +173,10 @@ class Agent:
         while True:
             try:
                 await self.client.start()
-                await self.client.observe(self.settings.setpoint_key, self._on_setpoint_change)
+                value, version = await self.client.observe(
+                    self.settings.setpoint_key, self._on_setpoint_change
+                )
+                self._initial = (value, version)
                 await self.lock.observe(self._on_lock_change)
                 break
             except (StateStoreError, SessionError) as exc:
@@ -223,7 +232,6 @@ class Agent:
             if self.role is not Role.STANDBY:
                 return
             self.role = Role.ACTIVE
-            log.info("became active (fencing token %s)", token)
             assert self.client is not None and self.lock is not None
             self.controller = self._controller_factory(self._on_controller_availability)
             await self.controller.open()
@@ -237,9 +245,11 @@ class Agent:
                 log,
                 self.may_write,
             )
+            # Reconciled before anything else runs as active: takeover state first.
+            await self.sync.reconcile()
+            log.info("became active (fencing token %s)", token)
             self.active_event.set()
             self.notifier.status(self._status_words())
-        await self.sync.reconcile()
 
     def _on_lock_lost(self, reason: LossReason) -> None:
         self._spawn(self._step_down(reason))
@@ -268,6 +278,23 @@ class Agent:
     async def _on_setpoint_change(self, change: KeyChange) -> None:
         if self.role is Role.ACTIVE and self.sync is not None:
             await self.sync.on_remote_change(change)
+        elif self.role is Role.STANDBY:
+            self._follow_store(change.value, change.version)
+
+    def _follow_store(self, value: bytes | None, version: Hlc | None) -> None:
+        """While standby: the active keeps controller and store equal, so the store's value
+        is the best record of what was synced. On takeover, a controller that differs from
+        it holds a local change the former active did not publish (see README)."""
+        if value is None or version is None:
+            return
+        try:
+            synced = Synced(parse_setpoint(value), version)
+        except InvalidRemoteValue:
+            return
+        if synced != self.status.synced:
+            self.status.synced = synced
+            with contextlib.suppress(OSError):
+                self.state_file.save(synced)
 
     def _on_lock_change(self, change: KeyChange) -> None:
         if change.kind == "DELETE" and self.role is Role.STANDBY:

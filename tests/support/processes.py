@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-import selectors
+import select
 import signal
 import subprocess
 import sys
@@ -17,41 +17,80 @@ READY_URL = re.compile(r"mqtt://([^:\s]+):(\d+)")
 class AgentProcess:
     """`python -m agent ARGS`, with stdout read line by line until a pattern shows."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+        *,
+        merge_stderr: bool = False,
+        prefix: Sequence[str] = (),
+    ) -> None:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent", *args],
+            [*prefix, sys.executable, "-m", "agent", *args],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             env=full_env,
         )
         self.lines: list[str] = []
+        self._seen = 0  # lines already matched by wait_for_new()
+        self._partial = b""
 
     def wait_for(self, pattern: re.Pattern[str], timeout: float = 10.0) -> re.Match[str]:
-        assert self.proc.stdout is not None
+        """The first line, of all read so far or to come, that matches."""
         deadline = time.monotonic() + timeout
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.proc.stdout, selectors.EVENT_READ)
-            while True:
-                for line in self.lines:
-                    match = pattern.search(line)
-                    if match:
-                        return match
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not selector.select(remaining):
-                    raise TimeoutError(self._describe(f"no {pattern.pattern!r} in time"))
-                line = self.proc.stdout.readline()
-                if not line:
-                    self.proc.wait(5)
-                    raise RuntimeError(self._describe("exited before the ready line"))
-                self.lines.append(line.decode(errors="replace"))
+        checked = 0
+        while True:
+            for line in self.lines[checked:]:
+                match = pattern.search(line)
+                if match:
+                    return match
+            checked = len(self.lines)
+            self._read(deadline, pattern)
+
+    def wait_for_new(self, pattern: re.Pattern[str], timeout: float = 10.0) -> re.Match[str]:
+        """Like wait_for, but only lines that came after the last wait_for_new match."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for index in range(self._seen, len(self.lines)):
+                match = pattern.search(self.lines[index])
+                if match:
+                    self._seen = index + 1
+                    return match
+            self._read(deadline, pattern)
+
+    def _read(self, deadline: float, pattern: re.Pattern[str]) -> None:
+        """Reads what the process wrote (whole lines), waiting until `deadline`."""
+        assert self.proc.stdout is not None
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, remaining))
+        if not ready:
+            raise TimeoutError(self._describe(f"no {pattern.pattern!r} in time"))
+        if not self._take(os.read(self.proc.stdout.fileno(), 65536)):
+            self.proc.wait(5)
+            raise RuntimeError(self._describe(f"exited before {pattern.pattern!r}"))
+
+    def _take(self, chunk: bytes) -> bool:
+        if not chunk:
+            return False
+        self._partial += chunk
+        *lines, self._partial = self._partial.split(b"\n")
+        self.lines.extend(line.decode(errors="replace") + "\n" for line in lines)
+        return True
+
+    def drain(self) -> None:
+        """Reads what is there without waiting (for assertions on absence)."""
+        assert self.proc.stdout is not None
+        while select.select([self.proc.stdout], [], [], 0)[0]:
+            if not self._take(os.read(self.proc.stdout.fileno(), 65536)):
+                return
 
     def _describe(self, what: str) -> str:
         return f"{what}: {self.proc.args}; stdout={self.lines} stderr={self.stderr_tail()}"
 
     def stderr_tail(self) -> str:
         if self.proc.poll() is None or self.proc.stderr is None:
-            return "(running)"
+            return "(running or merged)"
         return self.proc.stderr.read().decode(errors="replace")[-2000:]
 
     def signal(self, sig: int) -> None:

@@ -1,0 +1,172 @@
+"""A test rig for the agent as operators run it: agent processes, against a state store
+and a fake controller that the test holds in its own (background) event loop, so that it
+can look inside them, take the broker down, or unplug the device."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agent.controller.fake_device import FakeDevice
+from agent.emulator.embedded import EmbeddedStateStore
+from agent.protocol.hlc import Hlc
+from agent.protocol.resp3 import encode_request
+from tests.support.paho_client import PahoStoreClient
+from tests.support.ports import free_port
+from tests.support.processes import AgentProcess
+
+T = TypeVar("T")
+DEVICE = "thermostat-1"
+SETPOINT_KEY = f"{DEVICE}\\setPoint"
+LOCK_KEY = f"{DEVICE}\\lock"
+
+ACTIVE = re.compile(r"became active \(fencing token (\S+)\)")
+STANDBY = re.compile(r"started as standby")
+STEPPED_DOWN = re.compile(r"stepped down to standby: (.*)")
+APPLIED = re.compile(r"applied remote set point (\S+)")
+PUBLISHED = re.compile(r"published set point (\S+)")
+
+
+class BackgroundLoop:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 20.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call(self, function: Callable[[], T]) -> T:
+        async def wrapper() -> T:
+            return function()
+
+        return self.run(wrapper())
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, *, ttl_ms: int = 1500) -> None:
+        self.tmp_path = tmp_path
+        self.ttl_ms = ttl_ms
+        self.background = BackgroundLoop()
+        self.port = free_port()
+        self.store = EmbeddedStateStore("127.0.0.1", self.port)
+        self.device = FakeDevice(setpoint=20.0, time_constant_s=30.0)
+        self.background.run(self.store.start())
+        self.background.run(self.device.start(tcp_port=0, panel_port=0))
+        self.agents: list[AgentProcess] = []
+        self._client: PahoStoreClient | None = None
+
+    # ------------------------------------------------------------------ agents
+
+    def env(self, instance: str, **extra: str) -> dict[str, str]:
+        env = {
+            "AGENT_DEVICE_ID": DEVICE,
+            "AGENT_INSTANCE_ID": instance,
+            "AGENT_STATE_DIR": str(self.tmp_path / f"state-{instance}"),
+            "AGENT_MQTT__HOST": "127.0.0.1",
+            "AGENT_MQTT__PORT": str(self.port),
+            "AGENT_MQTT__RECONNECT_MIN_S": "0.05",
+            "AGENT_MQTT__RECONNECT_MAX_S": "0.3",
+            "AGENT_MQTT__REQUEST_TIMEOUT_S": "2",
+            "AGENT_SERIAL__URL": str(self.device.tcp_url),
+            "AGENT_SERIAL__POLL_INTERVAL_S": "0.2",
+            "AGENT_SERIAL__MIN_WRITE_INTERVAL_S": "0.1",
+            "AGENT_LOCK__TTL_MS": str(self.ttl_ms),
+            "AGENT_TELEMETRY__INTERVAL_S": "1",
+            "AGENT_TELEMETRY__JITTER_S": "0",
+            "AGENT_LOG_LEVEL": "INFO",
+        }
+        env.update(extra)
+        return env
+
+    def start_agent(self, instance: str, **extra: str) -> AgentProcess:
+        process = AgentProcess([], env=self.env(instance, **extra), merge_stderr=True)
+        self.agents.append(process)
+        return process
+
+    def start_active(self, instance: str = "a", **extra: str) -> tuple[AgentProcess, str]:
+        process = self.start_agent(instance, **extra)
+        token = process.wait_for_new(ACTIVE).group(1)
+        process.wait_for_new(re.compile("started as active"))
+        return process, token
+
+    # ------------------------------------------------------------------ the store
+
+    @property
+    def client(self) -> PahoStoreClient:
+        if self._client is None:
+            self._client = PahoStoreClient("127.0.0.1", self.port, f"remote-{time.monotonic_ns()}")
+        return self._client
+
+    def remote_set(self, value: bytes) -> bytes:
+        """A remote writer: fenced with the lock's current version, as protocol.md allows."""
+        lock = self.client.request("GET", LOCK_KEY)
+        token = lock.prop("__ts")
+        return self.client.request("SET", SETPOINT_KEY, value, ft=token).payload
+
+    def store_value(self, key: str = SETPOINT_KEY) -> bytes | None:
+        payload = self.client.request("GET", key).payload
+        if payload == b"$-1\r\n":
+            return None
+        return payload.split(b"\r\n")[1]
+
+    def lock_holder(self) -> bytes | None:
+        return self.store_value(LOCK_KEY)
+
+    def write_directly(self, value: bytes) -> None:
+        """A change reaching the store while the agents cannot (the broker is down)."""
+
+        def write() -> None:
+            # Fenced like a remote writer: the lock's version, or with no holder, the
+            # token the key already carries.
+            lock = self.store.store.entry(LOCK_KEY.encode())
+            current = self.store.store.entry(SETPOINT_KEY.encode())
+            fence = lock.version if lock else current.fencing_token if current else None
+            token = None if fence is None else str(fence)
+            now = str(Hlc(time.time_ns() // 1_000_000, 0, "remote"))
+            outcome = self.store.store.handle(
+                "remote", encode_request([b"SET", SETPOINT_KEY.encode(), value]), now, token
+            )
+            assert outcome.reply.payload == b"+OK\r\n", outcome.reply.payload
+
+        self.background.call(write)
+
+    def broker_down(self) -> None:
+        self.background.run(self.store.broker.stop())
+
+    def broker_up(self) -> None:
+        self.background.run(self.store.broker.start())
+
+    # ------------------------------------------------------------------ the device
+
+    def wait_device(self, predicate: Callable[[FakeDevice], bool], timeout: float = 10) -> None:
+        self.background.run(self.device.wait_for(lambda: predicate(self.device), timeout))
+
+    def panel(self, value: float) -> None:
+        self.background.call(lambda: self.device.panel_setpoint(value))
+
+    def device_writes(self) -> list[float]:
+        return self.background.call(
+            lambda: [w.value for w in self.device.writes if w.channel != "panel"]
+        )
+
+    def fault(self, kind: str, amount: float = 0.0) -> None:
+        self.background.call(lambda: self.device.fault(kind, amount))
+
+    def close(self) -> None:
+        for process in self.agents:
+            process.stop()
+        if self._client is not None:
+            self._client.close()
+        self.background.run(self.device.stop())
+        self.background.run(self.store.stop())
+        self.background.close()
