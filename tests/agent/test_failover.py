@@ -74,7 +74,8 @@ def test_paused_former_owner_is_fenced_and_steps_down(rig: Rig) -> None:
     new.wait_for_new(APPLIED)
     assert rig.device_writes()[writes_before:] == [23.0]
     old.drain()
-    resumed = old.lines[[i for i, line in enumerate(old.lines) if "stepped down" in line][0] :]
+    down = next(i for i, line in enumerate(old.lines) if "stepped down" in line)
+    resumed = old.lines[down:]
     assert not any("applied remote set point" in line for line in resumed)
     assert not any("published set point" in line for line in resumed)
     assert rig.lock_holder() == b"b"
