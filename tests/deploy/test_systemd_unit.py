@@ -1,0 +1,171 @@
+"""systemd/agent@.service: verified by systemd itself, scored for exposure, and checked against
+what the agent expects of it (notify, exit code 78, credentials, the state directory)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentSettings
+from tests.deploy.support import (
+    DEVICE,
+    EXEC_START,
+    UNIT,
+    add_systemd_units,
+    run,
+    tool,
+    verify_unit,
+)
+
+MAX_EXPOSURE = 2.0
+
+
+def unit_settings(text: str) -> dict[tuple[str, str], list[str]]:
+    """(section, key) -> every value assigned, in order."""
+    settings: dict[tuple[str, str], list[str]] = {}
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        key, _, value = line.partition("=")
+        settings.setdefault((section, key.strip()), []).append(value.strip())
+    return settings
+
+
+@pytest.fixture(scope="module")
+def unit() -> dict[tuple[str, str], list[str]]:
+    return unit_settings(UNIT.read_text())
+
+
+def one(unit: dict[tuple[str, str], list[str]], section: str, key: str) -> str:
+    values = unit.get((section, key), [])
+    assert len(values) == 1, f"[{section}] {key}= is set {len(values)} times: {values}"
+    return values[0]
+
+
+def words(unit: dict[tuple[str, str], list[str]], section: str, key: str) -> set[str]:
+    return {word for value in unit.get((section, key), []) for word in value.split()}
+
+
+def make_root(root: Path, unit_text: str) -> Path:
+    """A directory tree as a gateway has it: systemd's units, ours, and the agent command."""
+    add_systemd_units(root)
+    (root / "etc" / "systemd" / "system").mkdir(parents=True, exist_ok=True)
+    (root / "etc" / "systemd" / "system" / "agent@.service").write_text(unit_text)
+    command = root / EXEC_START.lstrip("/")
+    command.parent.mkdir(parents=True, exist_ok=True)
+    command.write_text("#!/bin/sh\nexit 0\n")
+    command.chmod(0o755)
+    return root
+
+
+def test_systemd_analyze_verify_prints_nothing(tmp_path: Path) -> None:
+    root = make_root(tmp_path, UNIT.read_text())
+    assert verify_unit(root) == ""
+
+
+def test_verify_would_see_a_mistake(tmp_path: Path) -> None:
+    """The check above can fail: a misspelt setting is reported."""
+    broken = UNIT.read_text().replace("WatchdogSec=", "WatchdogSecs=")
+    root = make_root(tmp_path, broken)
+    assert "WatchdogSecs" in verify_unit(root)
+    shutil.rmtree(root / "opt")
+    assert EXEC_START in verify_unit(root)
+
+
+def test_security_exposure_is_at_most_2(tmp_path: Path) -> None:
+    analyze = tool("systemd-analyze", "Debian: systemd")
+    instance = tmp_path / f"agent@{DEVICE}.service"
+    instance.write_text(UNIT.read_text())
+    result = run([analyze, "security", "--offline=true", "--no-pager", instance], check=False)
+    output = result.stdout + result.stderr
+    match = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)", output)
+    assert match, output
+    exposure = float(match.group(1))
+    print(f"\nsystemd-analyze security --offline=true agent@{DEVICE}.service: exposure {exposure}")
+    flagged = [line for line in output.splitlines() if line.startswith("✗")]
+    print("\n".join(flagged))
+    assert exposure <= MAX_EXPOSURE, output
+
+
+def test_runs_the_agent_as_a_notify_service_with_a_watchdog(unit: dict) -> None:
+    assert one(unit, "Service", "Type") == "notify"
+    assert one(unit, "Service", "NotifyAccess") == "main"
+    assert one(unit, "Service", "ExecStart") == EXEC_START
+    assert 0 < int(one(unit, "Service", "WatchdogSec")) <= 60
+    assert int(one(unit, "Service", "TimeoutStopSec")) >= 5
+
+
+def test_restarts_on_failure_but_not_on_a_bad_configuration(unit: dict) -> None:
+    from agent.runtime.agent import EXIT_CONFIG
+
+    assert one(unit, "Service", "Restart") == "on-failure"
+    assert int(one(unit, "Service", "RestartSec")) >= 1
+    assert one(unit, "Service", "RestartPreventExitStatus") == str(EXIT_CONFIG) == "78"
+    # Start limits belong to [Unit]; in [Service] systemd would ignore them.
+    interval = int(one(unit, "Unit", "StartLimitIntervalSec"))
+    burst = int(one(unit, "Unit", "StartLimitBurst"))
+    assert burst * int(one(unit, "Service", "RestartSec")) < interval
+    # systemd 252 (Debian 12) has no RestartSteps= or RestartMaxDelaySec=.
+    assert not [key for (_, key) in unit if key.startswith("RestartSteps")]
+    assert not [key for (_, key) in unit if key.startswith("RestartMaxDelay")]
+
+
+def test_waits_for_the_network_and_the_clock(unit: dict) -> None:
+    assert {"network-online.target", "time-sync.target"} <= words(unit, "Unit", "After")
+    assert "network-online.target" in words(unit, "Unit", "Wants")
+
+
+def test_device_from_the_instance_name_and_settings_from_its_env_file(unit: dict) -> None:
+    assert "AGENT_DEVICE_ID=%i" in unit[("Service", "Environment")]
+    assert one(unit, "Service", "EnvironmentFile") == "/etc/agent/%i.env"
+    assert "device_id" in AgentSettings.model_fields
+
+
+def test_credentials_are_the_files_the_agent_reads(unit: dict) -> None:
+    from agent.config import _CredentialsSource
+
+    loaded = {value.partition(":")[0] for value in unit[("Service", "LoadCredential")]}
+    assert loaded == set(_CredentialsSource.FILES)
+    for value in unit[("Service", "LoadCredential")]:
+        name, _, source = value.partition(":")
+        # A name (not a path) is looked up in the credential stores, and may be missing.
+        assert source == f"agent.%i.{name}"
+
+
+def test_state_and_runtime_directories(unit: dict) -> None:
+    assert one(unit, "Service", "StateDirectory") == "agent/%i"
+    assert one(unit, "Service", "RuntimeDirectory") == "agent/%i"
+
+
+def test_hardening(unit: dict) -> None:
+    assert one(unit, "Service", "DynamicUser") == "yes"
+    assert one(unit, "Service", "User") == "agent"
+    assert one(unit, "Service", "SupplementaryGroups") == "dialout"
+    assert one(unit, "Service", "DevicePolicy") == "closed"
+    allowed = unit[("Service", "DeviceAllow")]
+    assert allowed and all(re.fullmatch(r"char-tty\w+ rw", value) for value in allowed)
+    for key, value in {
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "NoNewPrivileges": "yes",
+        "PrivateTmp": "yes",
+        "CapabilityBoundingSet": "",
+        "MemoryDenyWriteExecute": "yes",
+        "SystemCallArchitectures": "native",
+    }.items():
+        assert one(unit, "Service", key) == value, key
+    assert words(unit, "Service", "RestrictAddressFamilies") == {"AF_UNIX", "AF_INET", "AF_INET6"}
+    assert unit[("Service", "SystemCallFilter")][0] == "@system-service"
+    assert one(unit, "Service", "MemoryMax").endswith("M")
+
+
+def test_installs_into_multi_user(unit: dict) -> None:
+    assert one(unit, "Install", "WantedBy") == "multi-user.target"
