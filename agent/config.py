@@ -229,7 +229,7 @@ class SerialSettings(BaseModel):
     url: str = Field(
         default="",
         description="Device path (/dev/serial/by-id/...), socket://HOST:PORT or "
-        "rfc2217://HOST:PORT.",
+        "rfc2217://HOST:PORT. Required, except with --simulate.",
     )
     baudrate: Annotated[int, Field(gt=0)] = 9600
     parity: Literal["N", "E", "O"] = "N"

@@ -11,7 +11,7 @@ import math
 import random
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -49,6 +49,15 @@ ControllerFactory = Callable[[Callable[[bool], None]], BlockingPortDriver]
 
 def make_controller(settings: AgentSettings, on_availability: Callable[[bool], None]) -> Any:
     serial = settings.serial
+    line: dict[str, Any] = {
+        "baudrate": serial.baudrate,
+        "parity": serial.parity,
+        "bytesize": serial.bytesize,
+        "stopbits": serial.stopbits,
+        "reply_timeout_s": serial.reply_timeout_s,
+        "min_write_interval_s": serial.min_write_interval_s,
+        "on_availability": on_availability,
+    }
     if serial.driver == "modbus":
         from agent.controller.modbus_driver import ModbusController, RegisterMap
 
@@ -62,29 +71,10 @@ def make_controller(settings: AgentSettings, on_availability: Callable[[bool], N
             status_function=serial.modbus_read_function,
             write_function=serial.modbus_write_function,
         )
-        return ModbusController(
-            serial.url,
-            register_map,
-            baudrate=serial.baudrate,
-            parity=serial.parity,
-            bytesize=serial.bytesize,
-            stopbits=serial.stopbits,
-            reply_timeout_s=serial.reply_timeout_s,
-            min_write_interval_s=serial.min_write_interval_s,
-            on_availability=on_availability,
-        )
+        return ModbusController(serial.url, register_map, **line)
     from agent.controller.serial_driver import SerialController
 
-    return SerialController(
-        serial.url,
-        baudrate=serial.baudrate,
-        parity=serial.parity,
-        bytesize=serial.bytesize,
-        stopbits=serial.stopbits,
-        reply_timeout_s=serial.reply_timeout_s,
-        min_write_interval_s=serial.min_write_interval_s,
-        on_availability=on_availability,
-    )
+    return SerialController(serial.url, **line)
 
 
 class Agent:
@@ -114,6 +104,7 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.active_event = asyncio.Event()  # set while active, for tests and --simulate
         self._clock_task: asyncio.Task[None] | None = None
+        self._contender: asyncio.Future[Any] | None = None
         self._initial: tuple[bytes | None, Hlc | None] = (None, None)
 
     # ------------------------------------------------------------------ lifecycle
@@ -139,13 +130,16 @@ class Agent:
             if not await self._until_stopped(self._subscribe(), stop):
                 return await self._shutdown()
             self.role = Role.STANDBY
+            # Renewals run from before the first acquisition: a slow takeover (controller
+            # open, reconcile) must not outlast the lease it has just taken.
+            self._start_scheduler()
+            self._clock_task = asyncio.create_task(self._watch_clock(), name="clock")
             await self._contend()
             if self.role is Role.STANDBY:
                 self._follow_store(*self._initial)
             self.notifier.ready(self._status_words())
             log.info("started as %s", self.role.value)
-            self._start_scheduler()
-            self._clock_task = asyncio.create_task(self._watch_clock(), name="clock")
+            self._add_periodic_jobs()
             if self.notifier.watchdog_interval_s:
                 self._spawn(self._watchdog(self.notifier.watchdog_interval_s))
             await stop.wait()
@@ -195,16 +189,22 @@ class Agent:
             self.scheduler.shutdown(wait=False)
         if self._clock_task is not None:
             self._clock_task.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._close_controller()
+        if self.sync is not None:
+            # A write already on the line finishes before the lock goes, so it cannot
+            # overlap the next active's; nothing new starts (may_write() is false).
+            await self.sync.quiesce(timeout=5)
+        # Released before the port is closed: closing can take a while (pyserial's close
+        # of a socket:// port sleeps), and the standby should not wait for it.
         if was_active and self.lock is not None and self.lock.token is not None:
             try:
                 await self.lock.release(timeout=2)
                 log.info("released the lock")
             except (StateStoreError, SessionError) as exc:
                 log.warning("could not release the lock (it expires by itself): %s", exc)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._close_controller()
         if self.client is not None:
             await self.client.close()
         if self.session is not None:
@@ -247,6 +247,8 @@ class Agent:
             )
             # Reconciled before anything else runs as active: takeover state first.
             await self.sync.reconcile()
+            if self.role is not Role.ACTIVE:
+                return  # the lease was lost during the takeover; _step_down closes up
             log.info("became active (fencing token %s)", token)
             self.active_event.set()
             self.notifier.status(self._status_words())
@@ -319,14 +321,25 @@ class Agent:
 
     # ------------------------------------------------------------------ periodic jobs
 
+    _JOB_OPTIONS: ClassVar[dict[str, Any]] = {
+        "coalesce": True,
+        "max_instances": 1,
+        "misfire_grace_time": 5,
+    }
+
     def _start_scheduler(self) -> None:
-        s = self.settings
+        """The scheduler with the lease job only; the others come once the role is decided."""
         self.scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
-        common: dict[str, Any] = {"coalesce": True, "max_instances": 1, "misfire_grace_time": 5}
-        lease_period = s.lock.ttl_ms / 3000
+        lease_period = self.settings.lock.ttl_ms / 3000
         self.scheduler.add_job(
-            self._lease_job, IntervalTrigger(seconds=lease_period), id="lease", **common
+            self._lease_job, IntervalTrigger(seconds=lease_period), id="lease", **self._JOB_OPTIONS
         )
+        self.scheduler.start()
+
+    def _add_periodic_jobs(self) -> None:
+        s = self.settings
+        assert self.scheduler is not None
+        common = self._JOB_OPTIONS
         self.scheduler.add_job(
             self._poll_job, IntervalTrigger(seconds=s.serial.poll_interval_s), id="poll", **common
         )
@@ -343,7 +356,6 @@ class Agent:
             next_run_time=datetime.now().astimezone(),
             **common,
         )
-        self.scheduler.start()
 
     async def _lease_job(self) -> None:
         if self.role is Role.ACTIVE and self.lock is not None:
@@ -352,8 +364,10 @@ class Agent:
                 await self.lock.renew(timeout=self.settings.lock.ttl_ms / 3000)
             except (StateStoreError, SessionError) as exc:
                 log.warning("lock renewal failed: %s", exc)
-        elif self.role is Role.STANDBY:
-            await self._contend()
+        elif self.role is Role.STANDBY and (self._contender is None or self._contender.done()):
+            # Not awaited: a takeover (controller open, reconcile) must not hold this job,
+            # or the renewals of the lease just taken would be skipped (max_instances=1).
+            self._contender = self._spawn(self._contend())
 
     async def _poll_job(self) -> None:
         if self.role is Role.ACTIVE and self.sync is not None:
@@ -439,11 +453,12 @@ class Agent:
     def _status_words(self) -> str:
         return f"{self.role.value} for {self.settings.device_id}"
 
-    def _spawn(self, work: Awaitable[Any]) -> None:
+    def _spawn(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_log_failure)
+        return task
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

@@ -45,7 +45,7 @@ def _default_text(field: FieldInfo) -> str:
         return "required"
     if field.default_factory is not None:
         return "computed"
-    return "none" if field.default is None else str(field.default)
+    return "none" if field.default in (None, "") else str(field.default)
 
 
 def build_parser(subcommands: Sequence[str] = ()) -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ carries out the answer. One operation at a time, so that decisions see a settled
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -110,6 +111,12 @@ class SetpointSync:
             "reconcile",
             lambda c: decisions.reconcile(self.status.synced, raw, version, c, self._limits()),
         )
+
+    async def quiesce(self, timeout: float) -> None:
+        """Waits for the operation in progress and lets no other start."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._busy.acquire()
 
     # ------------------------------------------------------------------ carrying out
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ class PahoStoreClient:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_subscribe = lambda c, u, mid, codes, p: self._subacks.put(mid)
         self.client.connect(host, port, keepalive=keepalive)
+        sock = self.client.socket()
+        if sock is not None:  # else each request after a response waits for delayed ACKs
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.client.loop_start()
         assert self._connected.wait(TIMEOUT), "no CONNACK"
         if subscribe:

@@ -1,0 +1,239 @@
+"""A wall-clock step (NTP) must neither stall lease renewals nor break safety.
+
+APScheduler runs its jobs on the wall clock: after a step back it would wait out the step
+before renewing the lease. The agent's clock guard notices the step and runs the jobs at
+once; these tests step the active's wall clock and watch its renewals in the store.
+
+The active agent runs under libfaketime (Debian package `faketime`, which brings
+`libfaketime`) with only its wall clock faked: FAKETIME_TIMESTAMP_FILE holds a relative
+offset in seconds ("+0", then "-30" or "-3600"), re-read on every call
+(FAKETIME_NO_CACHE=1), and FAKETIME_DONT_FAKE_MONOTONIC=1 leaves the monotonic clock,
+on which the lease deadline and asyncio's timers run, alone. The standby runs unfaked.
+
+libfaketime 0.9.10 turns the absolute CLOCK_MONOTONIC deadline of Python's time.sleep()
+into an invalid one when the monotonic clock is not faked (EINVAL); the only sleeper in
+the agent is pyserial's close() of a socket:// port, which the driver treats as best
+effort, so it costs nothing here.
+
+A step back of more than a minute leaves the client's hybrid logical clock more than a
+minute ahead of the wall clock: by the protocol's rule the local clock is then unusable
+and the client refuses to stamp requests. The active cannot renew, gives up at its lease
+deadline, and the standby takes over; that case is checked for exactly that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import queue
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.runtime.clock_guard import ClockStepDetector
+from tests.support.processes import AgentProcess
+from tests.support.rig import ACTIVE, APPLIED, LOCK_KEY, STANDBY, Rig
+
+CLOCK_STEPPED = re.compile(r"wall clock stepped by ([-+][0-9.]+) s")
+STEPPED_DOWN = re.compile(r"stepped down to standby")
+BECAME_ACTIVE = re.compile(r"became active")
+# The lease is renewed every third of the TTL; this many renewals span three TTLs.
+RENEWALS_TO_WATCH = 9
+HOLDER_A = b"NOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$1\r\na\r\n"
+
+
+def find_libfaketime() -> str | None:
+    """libfaketime.so.1 as Debian installs it (multiarch directory), or None."""
+    listed = ""
+    with contextlib.suppress(FileNotFoundError):
+        listed = subprocess.run(
+            ["dpkg-query", "-L", "libfaketime"], capture_output=True, text=True, check=False
+        ).stdout
+    candidates = [line for line in listed.splitlines() if line.endswith("/libfaketime.so.1")]
+    for pattern in ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib*/faketime/libfaketime.so.1"):
+        candidates += sorted(glob.glob(pattern))
+    return next((path for path in candidates if os.path.isfile(path)), None)
+
+
+def faked_env(library: str, offset_file: Path) -> dict[str, str]:
+    return {
+        "LD_PRELOAD": library,
+        "FAKETIME_TIMESTAMP_FILE": str(offset_file),
+        "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        # Left to itself, libfaketime 0.9.10 turns on this "fix" with glibc >= 2.34, and
+        # it breaks timed waits on monotonic condition variables: Python's GIL hand-over
+        # then stalls for 100 ms and more, and the driver's worker thread misses replies.
+        "FAKETIME_FORCE_MONOTONIC_FIX": "0",
+    }
+
+
+@pytest.fixture(scope="module")
+def libfaketime(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The library, once checked to fake the wall clock and leave the monotonic one."""
+    library = find_libfaketime()
+    if library is None:
+        if os.environ.get("CI"):
+            pytest.fail("libfaketime is required in CI (Debian package: faketime)")
+        pytest.skip("libfaketime is not installed (Debian package: faketime)")
+    offset_file = tmp_path_factory.mktemp("faketime") / "offset"
+    offset_file.write_text("-3600\n")
+    faked = subprocess.run(
+        [sys.executable, "-S", "-c", "import time; print(time.time(), time.monotonic())"],
+        env={**os.environ, **faked_env(library, offset_file)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    real_wall, real_monotonic = time.time(), time.monotonic()
+    wall, monotonic = (float(word) for word in faked.stdout.split())
+    assert -3700 < wall - real_wall < -3500, "libfaketime does not fake the wall clock"
+    assert abs(monotonic - real_monotonic) < 60, "libfaketime fakes the monotonic clock too"
+    return library
+
+
+def expect_renewal(rig: Rig, agent: AgentProcess, timeout: float) -> None:
+    """The next change of the lock key is a renewal by "a", within `timeout`."""
+    try:
+        payload: bytes | None = rig.client.notifications.get(timeout=timeout).payload
+    except queue.Empty:
+        payload = None
+    if payload is None or not payload.endswith(HOLDER_A):
+        agent.drain()
+        raise AssertionError(
+            f"expected a renewal within {timeout} s, got {payload!r}: {agent.lines}"
+        )
+
+
+def start_faked_active(rig: Rig, library: str, offset_file: Path) -> AgentProcess:
+    """Agent "a", active under libfaketime, once its jobs and its clock guard run."""
+    offset_file.write_text("+0\n")
+    agent = rig.start_agent("a", **faked_env(library, offset_file))
+    agent.wait_for_new(ACTIVE)
+    agent.wait_for_new(re.compile("started as active"))
+    # The scheduler and the clock guard start just after that line. A renewal seen after
+    # it proves they run, so that a step from here on happens under them, not before.
+    assert rig.client.request("KEYNOTIFY", LOCK_KEY).payload == b"+OK\r\n"
+    expect_renewal(rig, agent, rig.ttl_ms / 1000)
+    return agent
+
+
+@pytest.mark.parametrize("step_s", [pytest.param(-30, id="30s-back")])
+def test_wall_clock_step_back_keeps_the_active_renewing(
+    rig: Rig, libfaketime: str, tmp_path: Path, step_s: int
+) -> None:
+    offset_file = tmp_path / "faketime-offset"
+    active = start_faked_active(rig, libfaketime, offset_file)
+    standby = rig.start_agent("b")
+    standby.wait_for_new(STANDBY)
+
+    offset_file.write_text(f"{step_s:+d}\n")
+    stepped = float(active.wait_for_new(CLOCK_STEPPED).group(1))
+    assert stepped == pytest.approx(step_s, abs=1.0)
+    # Discard renewals from before the step was noticed.
+    while not rig.client.notifications.empty():
+        rig.client.notifications.get_nowait()
+
+    ttl_s = rig.ttl_ms / 1000
+    # Renewals keep coming, each within a TTL of the last (a stall would cost the lease).
+    for _ in range(RENEWALS_TO_WATCH // 2):
+        expect_renewal(rig, active, ttl_s)
+    # A remote change made after the step is still applied, by the active.
+    assert rig.remote_set(b"23.5") == b"+OK\r\n"
+    rig.wait_device(lambda d: d.setpoint == 23.5)
+    active.wait_for_new(APPLIED)
+    for _ in range(RENEWALS_TO_WATCH - RENEWALS_TO_WATCH // 2):
+        expect_renewal(rig, active, ttl_s)
+
+    assert rig.lock_holder() == b"a"
+    active.drain()
+    standby.drain()
+    assert not any(STEPPED_DOWN.search(line) for line in active.lines), "".join(active.lines)
+    assert not any(BECAME_ACTIVE.search(line) for line in standby.lines), "".join(standby.lines)
+    assert rig.device_writes() == [23.5]
+
+
+def test_wall_clock_step_back_by_an_hour_hands_over_safely(
+    rig: Rig, libfaketime: str, tmp_path: Path
+) -> None:
+    """The stepped clock is unusable: the active steps down, the standby takes over, and
+    a change is applied once with nothing else written."""
+    offset_file = tmp_path / "faketime-offset"
+    active = start_faked_active(rig, libfaketime, offset_file)
+    standby = rig.start_agent("b")
+    standby.wait_for_new(STANDBY)
+    offset_file.write_text("-3600\n")
+    active.wait_for_new(CLOCK_STEPPED)
+    active.wait_for_new(STEPPED_DOWN, timeout=10)
+    standby.wait_for_new(BECAME_ACTIVE, timeout=10)
+    assert rig.remote_set(b"24.5") == b"+OK\r\n"
+    rig.wait_device(lambda d: d.setpoint == 24.5)
+    assert rig.lock_holder() == b"b"
+    assert rig.store_value() == b"24.5"
+    assert rig.device_writes() == [24.5]
+
+
+# --------------------------------------------------------------------------- the detector
+
+
+class Clocks:
+    def __init__(self) -> None:
+        self.wall = 1_700_000_000.0
+        self.monotonic = 5_000.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.monotonic += seconds
+
+
+def detector(clocks: Clocks, threshold_s: float = 1.0) -> ClockStepDetector:
+    return ClockStepDetector(threshold_s, lambda: clocks.wall, lambda: clocks.monotonic)
+
+
+def test_detector_is_quiet_while_both_clocks_run_together() -> None:
+    clocks = Clocks()
+    guard = detector(clocks)
+    for _ in range(10):
+        clocks.advance(0.5)
+        assert guard.check() is None
+
+
+def test_detector_reports_a_step_back_and_forward_once() -> None:
+    clocks = Clocks()
+    guard = detector(clocks)
+    clocks.advance(0.5)
+    clocks.wall -= 3600
+    assert guard.check() == pytest.approx(-3600)
+    clocks.advance(0.5)
+    assert guard.check() is None  # the new offset is the reference from now on
+    clocks.wall += 90
+    assert guard.check() == pytest.approx(90)
+    assert guard.check() is None
+
+
+def test_detector_ignores_slewing_below_the_threshold() -> None:
+    clocks = Clocks()
+    guard = detector(clocks, threshold_s=1.0)
+    for _ in range(5):
+        clocks.advance(0.5)
+        clocks.wall += 0.75  # each below the threshold, together well above it
+        assert guard.check() is None
+    clocks.wall -= 1.0
+    assert guard.check() == pytest.approx(-1.0)  # the threshold itself counts
+
+
+def test_detector_notices_a_step_while_the_loop_was_stalled() -> None:
+    clocks = Clocks()
+    guard = detector(clocks)
+    clocks.monotonic += 30  # a long stall: both clocks ran 30 s, no step
+    clocks.wall += 30
+    assert guard.check() is None
+    clocks.monotonic += 30  # a 30 s stall during which the wall clock went back 10 s
+    clocks.wall += 20
+    assert guard.check() == pytest.approx(-10)

@@ -1,0 +1,202 @@
+"""The `agent` command's configuration, as a real process: environment, env file,
+credential files and flags; exit 78 (EX_CONFIG) on invalid settings; secrets never shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+EXIT_CONFIG = 78
+MASK = "**********"
+SECRET = "hunter2-not-for-print"
+# Enough for a valid configuration that --print-config can show.
+BASE = {"AGENT_DEVICE_ID": "thermostat-1", "AGENT_SERIAL__URL": "socket://127.0.0.1:9"}
+
+
+def run_agent(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 20
+) -> subprocess.CompletedProcess[str]:
+    """`python -m agent ARGS` with only the given settings in its environment."""
+    clean = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("AGENT_")
+        and name not in ("CREDENTIALS_DIRECTORY", "STATE_DIRECTORY", "NOTIFY_SOCKET")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *args],
+        env={**clean, "COLUMNS": "100", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def printed_config(*args: str, env: dict[str, str]) -> dict[str, Any]:
+    result = run_agent("--print-config", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    config: dict[str, Any] = json.loads(result.stdout)
+    return config
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        pytest.param({**BASE, "AGENT_LOCK__TTL_MS": "10"}, "AGENT_LOCK__TTL_MS", id="ttl"),
+        pytest.param({**BASE, "AGENT_MQTT__PORT": "0"}, "AGENT_MQTT__PORT", id="port"),
+        pytest.param({**BASE, "AGENT_MQTT__PORT": "x"}, "AGENT_MQTT__PORT", id="port-text"),
+        pytest.param({"AGENT_SERIAL__URL": "socket://h:1"}, "AGENT_DEVICE_ID", id="no-device"),
+        pytest.param({"AGENT_DEVICE_ID": "thermostat-1"}, "AGENT_SERIAL__URL", id="no-serial"),
+        pytest.param({**BASE, "AGENT_DEVICE_ID": "plant/1"}, "AGENT_DEVICE_ID", id="slash"),
+        pytest.param({**BASE, "AGENT_DEVICE_ID": "t 1"}, "AGENT_DEVICE_ID", id="space"),
+        pytest.param({**BASE, "AGENT_DEVICE_ID": "t#"}, "AGENT_DEVICE_ID", id="wildcard"),
+        pytest.param({**BASE, "AGENT_SERIAL__PARITY": "X"}, "AGENT_SERIAL__PARITY", id="parity"),
+    ],
+)
+def test_invalid_setting_exits_78_naming_its_variable(env: dict[str, str], named: str) -> None:
+    result = run_agent(env=env)
+    assert result.returncode == EXIT_CONFIG, result.stdout + result.stderr
+    assert named in result.stderr
+    assert "invalid setting" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_invalid_flag_value_is_named_as_its_variable_too() -> None:
+    result = run_agent("--lock-ttl-ms", "10", env=BASE)
+    assert result.returncode == EXIT_CONFIG
+    assert "AGENT_LOCK__TTL_MS" in result.stderr
+
+
+def test_missing_env_file_exits_78(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "agent.env"
+    result = run_agent("--env-file", str(missing), env=BASE)
+    assert result.returncode == EXIT_CONFIG
+    assert "--env-file" in result.stderr and str(missing) in result.stderr
+
+
+def test_invalid_secret_setting_does_not_echo_the_secret() -> None:
+    # A password without a user name is refused; the message must not quote it.
+    result = run_agent(env={**BASE, "AGENT_MQTT__PASSWORD": SECRET})
+    assert result.returncode == EXIT_CONFIG
+    assert "AGENT_MQTT" in result.stderr
+    assert SECRET not in result.stdout + result.stderr
+
+
+def test_flags_win_over_the_environment_which_wins_over_the_env_file(tmp_path: Path) -> None:
+    env_file = tmp_path / "agent.env"
+    env_file.write_text(
+        "AGENT_LOCK__TTL_MS=4000\n"
+        "AGENT_TELEMETRY__INTERVAL_S=7\n"
+        "AGENT_MQTT__HOST=file-host\n"
+        "AGENT_INSTANCE_ID=from-file\n"
+    )
+    env = {**BASE, "AGENT_LOCK__TTL_MS": "5000", "AGENT_MQTT__HOST": "env-host"}
+    config = printed_config("--env-file", str(env_file), "--mqtt-host", "flag-host", env=env)
+    assert config["mqtt"]["host"] == "flag-host"  # flag over environment and file
+    assert config["lock"]["ttl_ms"] == 5000  # environment over file
+    assert config["telemetry"]["interval_s"] == 7.0  # the file, where nothing else says
+    assert config["instance_id"] == "from-file"
+    assert config["derived"]["client_id"] == "agent-thermostat-1-from-file"
+
+
+def test_env_file_alone_is_a_complete_configuration(tmp_path: Path) -> None:
+    env_file = tmp_path / "agent.env"
+    env_file.write_text(
+        "# as in /etc/agent/agent.env\n"
+        "AGENT_DEVICE_ID=boiler-7\n"
+        "AGENT_INSTANCE_ID=b\n"
+        "AGENT_SERIAL__URL=socket://10.0.0.5:4001\n"
+        "AGENT_SERIAL__BAUDRATE=19200\n"
+    )
+    config = printed_config("--env-file", str(env_file), env={})
+    assert config["device_id"] == "boiler-7"
+    assert config["serial"]["baudrate"] == 19200
+    assert config["derived"] == {
+        "client_id": "agent-boiler-7-b",
+        "setpoint_key": "boiler-7\\setPoint",
+        "lock_key": "boiler-7\\lock",
+        "telemetry_topic": "devices/boiler-7/telemetry",
+    }
+
+
+def test_print_config_masks_the_password_and_shows_derived_keys() -> None:
+    env = {
+        **BASE,
+        "AGENT_INSTANCE_ID": "a",
+        "AGENT_MQTT__USERNAME": "u",
+        "AGENT_MQTT__PASSWORD": SECRET,
+    }
+    result = run_agent("--print-config", env=env)
+    assert result.returncode == 0, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    config = json.loads(result.stdout)
+    assert config["mqtt"]["username"] == "u"
+    assert config["mqtt"]["password"] == MASK
+    assert config["mqtt"]["tls"]["key_password"] is None
+    assert config["derived"] == {
+        "client_id": "agent-thermostat-1-a",
+        "setpoint_key": "thermostat-1\\setPoint",
+        "lock_key": "thermostat-1\\lock",
+        "telemetry_topic": "devices/thermostat-1/telemetry",
+    }
+
+
+def test_password_from_the_credentials_directory_is_used_and_never_printed(
+    tmp_path: Path,
+) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    env = {**BASE, "AGENT_MQTT__USERNAME": "u", "CREDENTIALS_DIRECTORY": str(credentials)}
+    assert printed_config(env=env)["mqtt"]["password"] is None  # no file: no password
+
+    (credentials / "mqtt-password").write_text(SECRET + "\n")
+    result = run_agent("--print-config", env=env)
+    assert result.returncode == 0, result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    assert json.loads(result.stdout)["mqtt"]["password"] == MASK
+
+    # Without a user name the file's password is refused, without quoting it.
+    refused = run_agent(env={k: v for k, v in env.items() if k != "AGENT_MQTT__USERNAME"})
+    assert refused.returncode == EXIT_CONFIG
+    assert "password is set but username is not" in refused.stderr
+    assert SECRET not in refused.stdout + refused.stderr
+
+
+def test_help_lists_flags_with_defaults_and_variables_and_no_secret(tmp_path: Path) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "mqtt-password").write_text(SECRET + "-file\n")
+    env = {
+        **BASE,
+        "AGENT_MQTT__USERNAME": "u",
+        "AGENT_MQTT__PASSWORD": SECRET,
+        "AGENT_MQTT__TLS__KEY_PASSWORD": SECRET + "-key",
+        "CREDENTIALS_DIRECTORY": str(credentials),
+    }
+    result = run_agent("--help", env=env)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())  # argparse wraps at spaces
+    for flag, variable, default in (
+        ("--device-id", "AGENT_DEVICE_ID", "required"),
+        ("--mqtt-host", "AGENT_MQTT__HOST", "localhost"),
+        ("--mqtt-port", "AGENT_MQTT__PORT", "1883"),
+        ("--lock-ttl-ms", "AGENT_LOCK__TTL_MS", "3000"),
+        ("--serial-baudrate", "AGENT_SERIAL__BAUDRATE", "9600"),
+        ("--telemetry-interval-s", "AGENT_TELEMETRY__INTERVAL_S", "10.0"),
+        ("--mqtt-tls-ca-file", "AGENT_MQTT__TLS__CA_FILE", "none"),
+    ):
+        assert f"{flag} VALUE" in text
+        assert f"[{variable}; default: {default}]" in text
+    assert "--print-config" in text and "--env-file" in text
+    # Secrets have no flags (they would show in `ps`), and no value of one is shown.
+    assert "--mqtt-password" not in text and "--mqtt-tls-key-password" not in text
+    assert "AGENT_MQTT__PASSWORD" in text  # named as coming from the environment only
+    assert SECRET not in result.stdout + result.stderr

@@ -1,0 +1,227 @@
+"""The systemd notify protocol, for real: a NOTIFY_SOCKET listener in the test, the agent
+as a process (and once in this process, to stall its event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentSettings
+from agent.runtime.agent import Agent
+from agent.runtime.notify import Notifier
+from tests.support.rig import ACTIVE, DEVICE, Rig
+
+# sockaddr_un holds 108 bytes; stay well below.
+MAX_SOCKET_PATH = 100
+NOT_CONNECTING = re.compile(r"could not connect to")
+
+
+@dataclass(frozen=True)
+class Notification:
+    at: float
+    """time.monotonic() when the listener received it."""
+    fields: dict[str, str]
+
+
+def _parse(payload: bytes) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in payload.decode().splitlines():
+        name, _, value = line.partition("=")
+        fields[name] = value
+    return fields
+
+
+class NotifyListener:
+    """What systemd does with $NOTIFY_SOCKET: a datagram socket, read by a thread that
+    timestamps every message."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self._own_directory: str | None = None
+        path = directory / name
+        if len(str(path).encode()) >= MAX_SOCKET_PATH:
+            self._own_directory = tempfile.mkdtemp(prefix="n")
+            path = Path(self._own_directory) / name
+        self.address = str(path)
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.bind(self.address)
+        self._socket.settimeout(0.05)  # lets the thread notice close()
+        self.received: list[Notification] = []
+        self._changed = threading.Condition()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._closing.is_set():
+            try:
+                payload = self._socket.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            notification = Notification(time.monotonic(), _parse(payload))
+            with self._changed:
+                self.received.append(notification)
+                self._changed.notify_all()
+
+    def snapshot(self) -> list[Notification]:
+        with self._changed:
+            return list(self.received)
+
+    def wait_for(
+        self, predicate: Callable[[Notification], bool], timeout: float = 10.0
+    ) -> Notification:
+        """The first notification (received so far or later) that satisfies predicate."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            seen = 0
+            while True:
+                for notification in self.received[seen:]:
+                    if predicate(notification):
+                        return notification
+                seen = len(self.received)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no such notification; received {self.received}")
+                self._changed.wait(remaining)
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join(5)
+        self._socket.close()
+        if self._own_directory is not None:
+            shutil.rmtree(self._own_directory, ignore_errors=True)
+
+
+def is_ready(n: Notification) -> bool:
+    return n.fields.get("READY") == "1"
+
+
+def is_ping(n: Notification) -> bool:
+    return n.fields.get("WATCHDOG") == "1"
+
+
+@pytest.fixture
+def listen(tmp_path: Path) -> Iterator[Callable[[str], NotifyListener]]:
+    listeners: list[NotifyListener] = []
+
+    def make(name: str) -> NotifyListener:
+        listener = NotifyListener(tmp_path, name)
+        listeners.append(listener)
+        return listener
+
+    try:
+        yield make
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
+def test_ready_only_after_connected_and_role_decided(
+    rig: Rig, listen: Callable[[str], NotifyListener]
+) -> None:
+    notify = listen("a")
+    rig.broker_down()
+    agent = rig.start_agent("a", NOTIFY_SOCKET=notify.address, WATCHDOG_USEC="400000")
+    # Two failed attempts: the agent is up and retrying, and has had every chance to
+    # (wrongly) say it is ready.
+    agent.wait_for_new(NOT_CONNECTING)
+    agent.wait_for_new(NOT_CONNECTING)
+    before = notify.snapshot()
+    assert [n.fields for n in before] == [{"STATUS": "connecting to the broker"}]
+
+    rig.broker_up()
+    ready = notify.wait_for(is_ready)
+    assert ready.fields["STATUS"] == f"active for {DEVICE}"
+    agent.wait_for_new(ACTIVE)  # logged before READY was sent
+    agent.wait_for_new(re.compile("started as active"))
+
+    other = listen("b")
+    standby = rig.start_agent("b", NOTIFY_SOCKET=other.address)
+    assert other.wait_for(is_ready).fields["STATUS"] == f"standby for {DEVICE}"
+    standby.wait_for_new(re.compile("started as standby"))
+    # Without WATCHDOG_USEC there is no watchdog to feed.
+    assert not any(is_ping(n) for n in other.snapshot())
+
+
+def test_watchdog_pings_at_half_the_configured_timeout(
+    rig: Rig, listen: Callable[[str], NotifyListener]
+) -> None:
+    notify = listen("a")
+    rig.start_agent("a", NOTIFY_SOCKET=notify.address, WATCHDOG_USEC="400000")
+    ready = notify.wait_for(is_ready)
+    first = notify.wait_for(lambda n: is_ping(n) and n.at >= ready.at)
+    window = 2.0  # ten periods of 0.2 s
+    notify.wait_for(lambda n: is_ping(n) and n.at >= first.at + window)
+    pings = [
+        n.at for n in notify.snapshot() if is_ping(n) and first.at <= n.at <= first.at + window
+    ]
+    # Expected: one at the start of the window and one every 0.2 s after it.
+    assert 8 <= len(pings) <= 13, pings
+    gaps = [later - earlier for earlier, later in itertools.pairwise(pings)]
+    # A gap as long as WATCHDOG_USEC would get the service killed.
+    assert max(gaps) < 0.4, gaps
+
+
+async def test_stalled_event_loop_stops_the_watchdog_pings(
+    rig: Rig, listen: Callable[[str], NotifyListener], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long lease, so that the stall below costs nothing but the pings.
+    for name, value in rig.env("a", AGENT_LOCK__TTL_MS="10000").items():
+        monkeypatch.setenv(name, value)
+    settings = AgentSettings()  # type: ignore[call-arg]
+    notify = listen("a")
+    notifier = Notifier({"NOTIFY_SOCKET": notify.address, "WATCHDOG_USEC": "200000"})
+    stop = asyncio.Event()
+    running = asyncio.create_task(Agent(settings, notifier=notifier).run(stop))
+    try:
+        ready = await asyncio.to_thread(notify.wait_for, is_ready)
+        assert ready.fields["STATUS"] == f"active for {DEVICE}"
+        await asyncio.to_thread(notify.wait_for, lambda n: is_ping(n) and n.at > ready.at)
+        await asyncio.to_thread(notify.wait_for, lambda n: is_ping(n) and n.at > ready.at + 0.2)
+
+        stalled_at = time.monotonic()
+        time.sleep(1.5)  # noqa: ASYNC251 - the stall under test: the loop runs nothing
+        resumed_at = time.monotonic()
+
+        after = await asyncio.to_thread(
+            notify.wait_for, lambda n: is_ping(n) and n.at >= resumed_at, 2.0
+        )
+        # A ping already on its way when the stall began may land a moment later.
+        during = [n.at - stalled_at for n in notify.snapshot() if is_ping(n)]
+        assert [t for t in during if 0.05 < t < resumed_at - stalled_at] == []
+        assert after.at - resumed_at < 0.5
+        # And they keep coming at the configured rate.
+        await asyncio.to_thread(
+            notify.wait_for, lambda n: is_ping(n) and n.at >= after.at + 0.05, 1.0
+        )
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(running, 10) == 0
+        notifier.close()
+
+
+def test_sigterm_sends_stopping(rig: Rig, listen: Callable[[str], NotifyListener]) -> None:
+    notify = listen("a")
+    agent = rig.start_agent("a", NOTIFY_SOCKET=notify.address, WATCHDOG_USEC="400000")
+    ready = notify.wait_for(is_ready)
+    agent.signal(signal.SIGTERM)
+    stopping = notify.wait_for(lambda n: n.fields.get("STOPPING") == "1")
+    assert stopping.at > ready.at
+    assert stopping.fields["STATUS"] == "stopping"
+    assert agent.proc.wait(10) == 0
+    agent.wait_for_new(re.compile("released the lock"))
+    # Nothing claims readiness again on the way out.
+    assert not any(is_ready(n) for n in notify.snapshot() if n.at > stopping.at)
