@@ -341,8 +341,8 @@ def main() -> None:
             takeover_rows("SIGTERM", results, HANDOVER_TARGET_S, f"<= {ms(HANDOVER_TARGET_S)}"),
         )
         print(
-            "     the active closes the controller port before it releases the lock; for a"
-            "\n     socket:// port pyserial's close() sleeps 0.3 s (a tty's does not)"
+            "     the active waits for a write in progress, releases the lock, then closes"
+            "\n     the controller port"
         )
 
         rows, took = timed(lambda: bench_footprint(directory / "footprint", args.idle_s))
