@@ -585,7 +585,9 @@ class _Connection(asyncio.Protocol):
         assert self.client_id is not None
         self._broker._dispatch(message, sender=self, sender_id=self.client_id)
         if packet.packet_id is not None and not self._ended:
-            self._send(mp.Puback(packet.packet_id))
+            # The bytes of encode(Puback(packet_id)) (success, no properties), without the
+            # generic encoder: every QoS 1 PUBLISH costs one.
+            self._write_raw(b"\x40\x02" + packet.packet_id.to_bytes(2, "big"))
 
     def _handle_puback(self, packet: mp.Puback) -> None:
         try:

@@ -431,12 +431,20 @@ class _Cursor:
         return value
 
     def uint16(self) -> int:
-        return int.from_bytes(self.take(2), "big")
+        pos = self.pos
+        if pos + 2 > len(self.data):
+            raise self.fail(ReasonCode.MALFORMED_PACKET, "packet ends inside a field")
+        self.pos = pos + 2
+        return self.data[pos] << 8 | self.data[pos + 1]
 
     def uint32(self) -> int:
         return int.from_bytes(self.take(4), "big")
 
     def varint(self) -> int:
+        pos = self.pos
+        if pos < len(self.data) and self.data[pos] < 0x80:  # one byte: nearly always
+            self.pos = pos + 1
+            return self.data[pos]
         value = 0
         for shift in (0, 7, 14, 21):
             byte = self.byte()
@@ -448,12 +456,29 @@ class _Cursor:
         raise self.fail(ReasonCode.MALFORMED_PACKET, "variable byte integer over 4 bytes")
 
     def binary(self) -> bytes:
-        return self.take(self.uint16())
+        # take(uint16()) inlined: every string and binary field goes through here.
+        data = self.data
+        start = self.pos + 2
+        if start > len(data):
+            raise self.fail(ReasonCode.MALFORMED_PACKET, "packet ends inside a field")
+        end = start + (data[start - 2] << 8 | data[start - 1])
+        if end > len(data):
+            raise self.fail(ReasonCode.MALFORMED_PACKET, "packet ends inside a field")
+        self.pos = end
+        return data[start:end]
 
     def string(self) -> str:
-        raw = self.binary()
+        # binary() inlined: strings are most of the fields of a PUBLISH.
+        data = self.data
+        start = self.pos + 2
+        if start > len(data):
+            raise self.fail(ReasonCode.MALFORMED_PACKET, "packet ends inside a field")
+        end = start + (data[start - 2] << 8 | data[start - 1])
+        if end > len(data):
+            raise self.fail(ReasonCode.MALFORMED_PACKET, "packet ends inside a field")
+        self.pos = end
         try:
-            text = raw.decode("utf-8")
+            text = data[start:end].decode("utf-8")
         except UnicodeDecodeError:
             raise self.fail(ReasonCode.MALFORMED_PACKET, "string is not valid UTF-8") from None
         if "\x00" in text:
@@ -476,8 +501,10 @@ class _Cursor:
             return props
         allowed = ALLOWED_PROPERTIES[allowed_key]
         seen: set[int] = set()
+        varint = self.varint
+        string = self.string
         while self.pos < end:
-            pid = self.varint()
+            pid = varint()
             entry = PROPERTY_TABLE.get(pid)
             if entry is None:
                 raise self.fail(ReasonCode.MALFORMED_PACKET, f"unknown property 0x{pid:02x}")
@@ -485,7 +512,7 @@ class _Cursor:
                 raise self.fail(ReasonCode.PROTOCOL_ERROR, f"property {entry[0]} not allowed here")
             name, kind = entry
             if pid == USER_PROPERTY:
-                props.user_properties.append((self.string(), self.string()))
+                props.user_properties.append((string(), string()))
             elif pid == SUBSCRIPTION_IDENTIFIER:
                 value = self.varint()
                 if value == 0:
@@ -654,10 +681,9 @@ _REQUIRED_FLAGS: Final = {PacketType.PUBREL: 2, PacketType.SUBSCRIBE: 2, PacketT
 
 def decode_packet(first_byte: int, body: bytes) -> Packet:
     """Decode one packet from its first header byte and its body (after the length)."""
-    try:
-        packet_type = PacketType(first_byte >> 4)
-    except ValueError:
-        raise MalformedPacket(ReasonCode.MALFORMED_PACKET, "reserved packet type 0") from None
+    packet_type = _PACKET_TYPES[first_byte >> 4] if 0 <= first_byte <= 0xFF else None
+    if packet_type is None:
+        raise MalformedPacket(ReasonCode.MALFORMED_PACKET, "reserved packet type 0")
     flags = first_byte & 0x0F
     cur = _Cursor(body, packet_type)
     if packet_type is PacketType.PUBLISH:
@@ -803,8 +829,13 @@ def _check_first_byte(first_byte: int) -> None:
         )
 
 
+# Indexed by the high nibble of the first byte; a tuple index is much cheaper than
+# PacketType(n), which every packet paid twice.
+_PACKET_TYPES: Final[tuple[PacketType | None, ...]] = (None, *PacketType)
+
+
 def _packet_type_or_none(first_byte: int) -> PacketType | None:
-    return PacketType(first_byte >> 4) if first_byte >> 4 else None
+    return _PACKET_TYPES[first_byte >> 4]
 
 
 # --------------------------------------------------------------------------------------------

@@ -79,7 +79,12 @@ class _SetOptions:
     expiry_ms: int | None
 
 
+_NO_OPTIONS = _SetOptions(None, None)
+
+
 def _parse_set_options(options: list[bytes]) -> _SetOptions:
+    if not options:
+        return _NO_OPTIONS  # the plain SET; the dataclass is frozen, so one instance will do
     condition: bytes | None = None
     expiry_ms: int | None = None
     seen_px = False
@@ -111,6 +116,45 @@ def _parse_timestamp(text: str | None) -> Hlc | None:
 
 
 _ARITY = {b"GET": (2, 2), b"DEL": (2, 2), b"VDEL": (3, 3), b"KEYNOTIFY": (2, 3)}
+_CRLF = b"\r\n"
+_OK_REPLY = encode_response(OK)
+_MAX_DIGITS = 19  # as resp3's decoder: longer numbers are refused
+_MAX_ARGS = 1 << 20
+
+
+def _decode_request(payload: bytes) -> list[bytes]:
+    """`decode_request(payload)`, with a fast path for the well-formed request.
+
+    The generic RESP3 decoder was the largest cost of the store itself in the benchmark
+    (tests/bench/bench_store.py). This path accepts only `*<n>\r\n` followed by exactly n
+    `$<len>\r\n<bytes>\r\n` and nothing else, with the same limits as the generic decoder;
+    anything else goes to `decode_request`, so results and errors stay the same.
+    """
+    if type(payload) is bytes and payload[:1] == b"*":  # the generic decoder copies others
+        end = payload.find(_CRLF)
+        digits = payload[1:end]
+        if end > 0 and len(digits) <= _MAX_DIGITS and digits.isdigit():
+            count = int(digits)
+            if 0 < count <= _MAX_ARGS:
+                args = []
+                pos = end + 2
+                for _ in range(count):
+                    if payload[pos : pos + 1] != b"$":
+                        break
+                    end = payload.find(_CRLF, pos)
+                    digits = payload[pos + 1 : end]
+                    if end < 0 or len(digits) > _MAX_DIGITS or not digits.isdigit():
+                        break
+                    start = end + 2
+                    pos = start + int(digits)
+                    if payload[pos : pos + 2] != _CRLF:
+                        break
+                    args.append(payload[start:pos])
+                    pos += 2
+                else:
+                    if pos == len(payload):
+                        return args
+    return decode_request(payload)
 
 
 class StateStore:
@@ -171,7 +215,8 @@ class StateStore:
         fencing_token: str | None = None,
     ) -> Outcome:
         """Executes one request. `timestamp`/`fencing_token` are the `__ts`/`__ft` texts."""
-        notifications = self.expire()
+        # Without deadlines expire() has nothing to do; skipping it saves a clock read.
+        notifications = self.expire() if self._deadlines else []
         try:
             outcome = self._execute(client_id, payload, timestamp, fencing_token)
         except _Refused as refused:
@@ -207,7 +252,7 @@ class StateStore:
         self, client_id: str, payload: bytes, ts_text: str | None, ft_text: str | None
     ) -> Outcome:
         try:
-            args = decode_request(payload)
+            args = _decode_request(payload)
         except Resp3Error as exc:
             raise _Refused(errors.SYNTAX_ERROR) from exc
         command = args[0].upper()
@@ -277,10 +322,13 @@ class StateStore:
         self._entries[key] = Entry(value, version, stored_token, expires)
         if expires is not None:
             heapq.heappush(self._deadlines, (expires, key))
-        return Outcome(
-            Reply(encode_response(OK), version),
-            self._notify(key, Notification("SET", value), version),
+        # Built only when someone watches the key: most SETs notify nobody.
+        notifications = (
+            self._notify(key, Notification("SET", value), version)
+            if self._watchers.get(key)
+            else []
         )
+        return Outcome(Reply(_OK_REPLY, version), notifications)
 
     def _get(self, key: bytes) -> Outcome:
         entry = self._entries.get(key)

@@ -16,6 +16,8 @@ CONFIG = """\
 listener {port} 127.0.0.1
 allow_anonymous true
 persistence false
+# Without it every request/response pays Nagle's algorithm against delayed ACKs (~40 ms).
+set_tcp_nodelay true
 # The store service learns of disconnects from these log lines.
 log_dest topic
 log_type notice
