@@ -44,13 +44,12 @@ from tests.bench.bench_store import (
     check_replies,
     concurrent,
     interleaved,
-    mosquitto_for_bench,
     p50_ms,
     p99_ms,
     print_verdicts,
     rate_ratio,
 )
-from tests.support.mosquitto import mosquitto_binary
+from tests.support.mosquitto import Mosquitto, mosquitto_binary
 from tests.support.processes import READY_URL, AgentProcess
 
 TARGET_RATIO = 0.8
@@ -184,7 +183,7 @@ def main(arguments: argparse.Namespace) -> int:
         if mosquitto_binary() is None:
             print("\nmosquitto is not installed: no second table")
         else:
-            broker = mosquitto_for_bench()
+            broker = Mosquitto()
             broker.start()
             service = AgentProcess(["emulator", "--external", broker.url, "--log-level", "WARNING"])
             try:
