@@ -52,6 +52,7 @@ from gmqtt.mqtt.constants import (  # type: ignore[import-untyped]
 from gmqtt.mqtt.handler import MQTTConnectError  # type: ignore[import-untyped]
 
 from agent.config import MqttSettings, TlsSettings, check_client_id, default_client_id
+from agent.message import Message
 
 __all__ = [
     "AuthenticationFailed",
@@ -280,26 +281,6 @@ def _no_key_password() -> str:
 
 
 # --- Messages and handlers ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Message:
-    """A received PUBLISH with its MQTT 5 properties."""
-
-    topic: str
-    payload: bytes
-    qos: int = 0
-    retain: bool = False
-    response_topic: str | None = None
-    correlation_data: bytes | None = None
-    content_type: str | None = None
-    message_expiry_interval: int | None = None
-    # In wire order, duplicates kept (MQTT 5 allows a name to appear more than once).
-    user_properties: list[tuple[str, str]] = field(default_factory=list)
-
-    def user_property(self, name: str) -> str | None:
-        """The first value of user property ``name``, or None."""
-        return next((value for key, value in self.user_properties if key == name), None)
 
 
 Handler: TypeAlias = Callable[[Message], Awaitable[None] | None]

@@ -22,12 +22,13 @@ import socket
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Final
 
 from agent.emulator import mqtt_packets as mp
 from agent.emulator.mqtt_packets import ReasonCode
+from agent.message import Message
 
 logger = logging.getLogger(__name__)
 
@@ -39,22 +40,6 @@ _DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
 # A 3.1.1 CONNACK with return code 0x01 (unacceptable protocol version), which 3.1.1 and
 # 3.1 clients understand; an MQTT 5 CONNACK would be gibberish to them.
 _MQTT311_CONNACK_BAD_PROTOCOL: Final = b"\x20\x02\x00\x01"
-
-
-@dataclass
-class Message:
-    """An application message as the broker routes it, with its MQTT 5 properties."""
-
-    topic: str
-    payload: bytes
-    qos: int = 0
-    retain: bool = False
-    response_topic: str | None = None
-    correlation_data: bytes | None = None
-    content_type: str | None = None
-    message_expiry_interval: int | None = None
-    payload_format_indicator: int | None = None
-    user_properties: list[tuple[str, str]] = field(default_factory=list)
 
 
 class DisconnectReason(enum.Enum):

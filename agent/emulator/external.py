@@ -13,12 +13,11 @@ import re
 import uuid
 from urllib.parse import urlsplit
 
-from agent.client.session import Message as SessionMessage
 from agent.client.session import Session
 from agent.config import MqttSettings
-from agent.emulator.broker import Message
 from agent.emulator.service import StoreService, monotonic_ms, wall_clock_ms
 from agent.emulator.store import Authorizer, StateStore
+from agent.message import Message
 from agent.protocol import topics
 
 log = logging.getLogger(__name__)
@@ -83,22 +82,10 @@ class ExternalStateStore:
             await asyncio.wait(self._sends, timeout=2)
         await self.session.stop()
 
-    def _on_request(self, message: SessionMessage) -> None:
-        self.service.on_request(
-            None,
-            Message(
-                topic=message.topic,
-                payload=message.payload,
-                qos=message.qos,
-                response_topic=message.response_topic,
-                correlation_data=message.correlation_data,
-                content_type=message.content_type,
-                message_expiry_interval=message.message_expiry_interval,
-                user_properties=list(message.user_properties),
-            ),
-        )
+    def _on_request(self, message: Message) -> None:
+        self.service.on_request(None, message)
 
-    def _on_log_line(self, message: SessionMessage) -> None:
+    def _on_log_line(self, message: Message) -> None:
         client_id = client_gone_from_log_line(message.payload.decode(errors="replace"))
         if client_id is not None and client_id != self.session.client_id:
             self.service.on_client_gone(client_id)
