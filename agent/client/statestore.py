@@ -276,7 +276,7 @@ class StateStoreClient:
         return self._parse_response(message)
 
     def _merge(self, message: Message) -> Hlc | None:
-        text = _user_property(message, topics.TIMESTAMP)
+        text = message.user_property(topics.TIMESTAMP)
         if text is None:
             return None
         try:
@@ -412,11 +412,3 @@ def _newer(version: Hlc | None, than: Hlc | None) -> bool:
 
 def _bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else value
-
-
-def _user_property(message: Message, name: str) -> str | None:
-    """The last value of user property `name`, or None."""
-    for key, value in reversed(message.user_properties):
-        if key == name:
-            return value
-    return None

@@ -15,8 +15,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent.emulator.broker import Message
 from agent.emulator.store import KeyNotification, Reply, StateStore
+from agent.message import Message
 from agent.protocol import topics
 
 log = logging.getLogger(__name__)
@@ -28,15 +28,6 @@ def wall_clock_ms() -> int:
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-def _property(message: Message, name: str) -> str | None:
-    # The last one wins, as for any user property read by name.
-    value = None
-    for key, item in message.user_properties:
-        if key == name:
-            value = item
-    return value
 
 
 class StoreService:
@@ -54,7 +45,7 @@ class StoreService:
 
     def on_request(self, sender: str | None, message: Message) -> None:
         """Executes one PUBLISH on the invoke topic. `sender` is None when unknown."""
-        client_id = sender if sender is not None else _property(message, topics.SOURCE_ID)
+        client_id = sender if sender is not None else message.user_property(topics.SOURCE_ID)
         if message.response_topic is None or message.correlation_data is None:
             log.warning("request from %s without response topic or correlation data", client_id)
             return
@@ -73,8 +64,8 @@ class StoreService:
         outcome = self.store.handle(
             client_id or "",
             message.payload,
-            _property(message, topics.TIMESTAMP),
-            _property(message, topics.FENCING_TOKEN),
+            message.user_property(topics.TIMESTAMP),
+            message.user_property(topics.FENCING_TOKEN),
         )
         self._publish(self._response(message, outcome.reply))
         for notification in outcome.notifications:
