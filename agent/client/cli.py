@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import binascii
-import contextlib
 import signal
 import sys
 import uuid
@@ -267,6 +266,16 @@ async def _vdel(client: StateStoreClient, args: argparse.Namespace) -> int:
     return EXIT_OK if result == 1 else EXIT_NOT_APPLIED
 
 
+async def _first_of(timeout: float, *waits: Awaitable[object]) -> None:
+    """Returns when the first of `waits` is done or `timeout` passes; cancels the rest."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def _stop_event() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -308,12 +317,7 @@ async def _lock(client: StateStoreClient, args: argparse.Namespace) -> int:
             return EXIT_NOT_APPLIED
         released.clear()
         # Wait for a release or expiry, polling as a safety net for a missed notification.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(args.ttl_ms / 1000):
-                await asyncio.wait(
-                    [asyncio.ensure_future(released.wait()), asyncio.ensure_future(stop.wait())],
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+        await _first_of(args.ttl_ms / 1000, released.wait(), stop.wait())
         if stop.is_set():
             return EXIT_NOT_APPLIED
         token = await lock.try_acquire(args.ttl_ms)
@@ -321,12 +325,7 @@ async def _lock(client: StateStoreClient, args: argparse.Namespace) -> int:
 
     period = args.ttl_ms / 3000
     while not stop.is_set() and not lost.done():
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(period):
-                await asyncio.wait(
-                    [asyncio.ensure_future(stop.wait()), lost],
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+        await _first_of(period, stop.wait(), asyncio.shield(lost))
         if stop.is_set() or lost.done():
             break
         try:

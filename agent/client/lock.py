@@ -143,8 +143,9 @@ class LeasedLock:
     def _settle(self, result: SetResult, sent_at: float, ttl_ms: int) -> Hlc | None:
         if not result.applied or result.version is None:
             return None
-        if self._token is not None and result.version <= self._token:
-            # Cannot happen with a faithful service; never hand out a non-increasing token.
+        if self._token is not None and result.version < self._token:
+            # Cannot happen with a faithful service; never hand out an older token. (Equal
+            # is fine: fenced_set may have adopted this renewal's version already.)
             log.error("lock %r: token did not increase (%s)", self.key, result.version)
             return None
         ttl_s = ttl_ms / 1000

@@ -177,3 +177,27 @@ def test_safety_margin_defaults() -> None:
     assert default_safety_margin_s(3.0) == pytest.approx(0.3)
     assert default_safety_margin_s(0.1) == 0.05
     assert default_safety_margin_s(60) == 1.0
+
+
+async def test_rejection_by_our_own_newer_version_is_not_a_loss(connect: Connect) -> None:
+    """A remote writer fences with the lock's latest version, which can be a renewal of
+    ours whose answer has not reached us yet: adopt it and write again."""
+    holder, remote = await connect("holder"), await connect("remote")
+    key = lock_key()
+    data = key.replace("lock", "setPoint")
+    lock = LeasedLock(holder, key, "me")
+    losses = Losses()
+    lock.on_lost(losses)
+    first = await lock.try_acquire(5000)
+    assert first is not None and (await lock.fenced_set(data, b"20")).applied
+    latest = await lock.renew()
+    assert latest is not None
+    lock._token = first  # as if the renewal's answer were still on its way
+    _, version = await remote.get(key)
+    assert version == latest
+    assert (await remote.set(data, b"21", fencing_token=version)).applied
+    assert (await lock.fenced_set(data, b"22")).applied
+    assert lock.token == latest
+    assert losses.reasons == []
+    # The renewal's answer arriving late with the adopted version is no loss either.
+    assert await lock.renew() is not None and losses.reasons == []
