@@ -288,31 +288,28 @@ class Publish:
 
 
 @dataclass(slots=True)
-class Puback:
+class _Acknowledgement:
+    """The shape shared by PUBACK, PUBREC, PUBREL and PUBCOMP."""
+
     packet_id: int
     reason_code: int = ReasonCode.SUCCESS
     properties: Properties = field(default_factory=Properties)
 
 
-@dataclass(slots=True)
-class Pubrec:
-    packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = field(default_factory=Properties)
+class Puback(_Acknowledgement):
+    __slots__ = ()
 
 
-@dataclass(slots=True)
-class Pubrel:
-    packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = field(default_factory=Properties)
+class Pubrec(_Acknowledgement):
+    __slots__ = ()
 
 
-@dataclass(slots=True)
-class Pubcomp:
-    packet_id: int
-    reason_code: int = ReasonCode.SUCCESS
-    properties: Properties = field(default_factory=Properties)
+class Pubrel(_Acknowledgement):
+    __slots__ = ()
+
+
+class Pubcomp(_Acknowledgement):
+    __slots__ = ()
 
 
 @dataclass(slots=True)
