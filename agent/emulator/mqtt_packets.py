@@ -331,10 +331,16 @@ class Subscribe:
 
 
 @dataclass(slots=True)
-class Suback:
+class _ReasonCodes:
+    """The shape shared by SUBACK and UNSUBACK: one reason code per topic filter."""
+
     packet_id: int
     reason_codes: list[int]
     properties: Properties = field(default_factory=Properties)
+
+
+class Suback(_ReasonCodes):
+    __slots__ = ()
 
 
 @dataclass(slots=True)
@@ -344,11 +350,8 @@ class Unsubscribe:
     properties: Properties = field(default_factory=Properties)
 
 
-@dataclass(slots=True)
-class Unsuback:
-    packet_id: int
-    reason_codes: list[int]
-    properties: Properties = field(default_factory=Properties)
+class Unsuback(_ReasonCodes):
+    __slots__ = ()
 
 
 @dataclass(slots=True)
