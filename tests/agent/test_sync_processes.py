@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import signal
-import time
 
 from tests.support.rig import APPLIED, PUBLISHED, Rig
 
@@ -33,10 +32,7 @@ def test_unrounded_remote_value_is_applied_rounded_and_corrected(rig: Rig) -> No
     rig.start_active()
     rig.remote_set(b"21.3")
     rig.wait_device(lambda d: d.setpoint == 21.5)
-    deadline = time.monotonic() + 10
-    while rig.store_value() != b"21.5":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    rig.wait_store_value(b"21.5")
     assert rig.device_writes() == [21.5]
 
 
@@ -65,10 +61,7 @@ def test_local_change_while_the_agent_is_down_wins_over_the_older_store_value(ri
     agent.stop()
     rig.panel(24.0)  # while nobody runs
     agent, _ = rig.start_active()
-    deadline = time.monotonic() + 10
-    while rig.store_value() != b"24.0":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    rig.wait_store_value(b"24.0")
     assert rig.device_writes() == []
 
 

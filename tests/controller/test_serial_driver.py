@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import select
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -292,7 +293,9 @@ async def test_stale_bytes_waiting_in_the_port_are_discarded(
     import os
 
     os.write(device._pty.pty.master, b"SP 99.0*3D\r\n\x00\xff")
-    await asyncio.sleep(0.05)  # let the kernel deliver it to the slave side
+    # Wait until the kernel has handed it to the driver's side of the pty.
+    assert driver._port is not None
+    assert select.select([driver._port.fileno()], [], [], 5)[0]
     assert await driver.read_setpoint() == 20.0
 
 

@@ -5,6 +5,8 @@ can look inside them, take the broker down, or unplug the device."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
 import re
 import threading
 import time
@@ -118,6 +120,16 @@ class Rig:
         if payload == b"$-1\r\n":
             return None
         return payload.split(b"\r\n")[1]
+
+    def wait_store_value(self, value: bytes, timeout: float = 10.0) -> None:
+        """Waits for the set point key to hold `value`, on its notifications."""
+        self.client.request("KEYNOTIFY", SETPOINT_KEY)
+        deadline = time.monotonic() + timeout
+        while self.store_value() != value:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"the store never held {value!r}"
+            with contextlib.suppress(queue.Empty):
+                self.client.notifications.get(timeout=remaining)
 
     def lock_holder(self) -> bytes | None:
         return self.store_value(LOCK_KEY)
