@@ -21,9 +21,9 @@ from typing import Any
 from pydantic import SecretStr, ValidationError
 
 from agent import logs
-from agent.client.errors import ClockUnusable, RequestTimeout, ServiceError
+from agent.client.errors import RequestTimeout, StateStoreError
 from agent.client.lock import LeasedLock, LossReason
-from agent.client.session import ConnectionRefused, Session, SessionError
+from agent.client.session import Session, SessionError
 from agent.client.statestore import Condition, KeyChange, StateStoreClient
 from agent.config import ConnectionSettings, MqttSettings, setting_errors
 from agent.protocol.hlc import Hlc, HlcError
@@ -213,15 +213,12 @@ async def _main(args: argparse.Namespace, settings: MqttSettings) -> int:
             command: Callable[[StateStoreClient, argparse.Namespace], Awaitable[int]]
             command = args.store_func
             return await command(client, args)
-    except ServiceError as exc:
-        print(f"agent store: {exc.text}", file=sys.stderr)
-        return EXIT_SERVICE
-    except ClockUnusable as exc:
-        print(f"agent store: {exc}", file=sys.stderr)
-        return EXIT_SERVICE
-    except (RequestTimeout, SessionError, ConnectionRefused, OSError) as exc:
+    except (RequestTimeout, SessionError, OSError) as exc:
         print(f"agent store: {exc}", file=sys.stderr)
         return EXIT_CONNECTION
+    except StateStoreError as exc:  # the service's -ERR text, or an answer we cannot use
+        print(f"agent store: {exc}", file=sys.stderr)
+        return EXIT_SERVICE
     finally:
         await session.stop()
 
