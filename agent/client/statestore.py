@@ -96,15 +96,20 @@ class StateStoreClient:
         self._delivery: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
         self._started = False
+        self._responses_subscribed = False
 
     async def start(self) -> None:
         """Subscribes to responses and notifications; call once the session is started."""
         if self._started:
             return
-        self._started = True
-        await self.session.subscribe(self._response_topic, self._on_response)
+        # Marked started only once both SUBACKs are in, so that a caller may retry after
+        # a failure (the agent does while the broker is coming up).
+        if not self._responses_subscribed:
+            await self.session.subscribe(self._response_topic, self._on_response)
+            self._responses_subscribed = True
         # Subscribed (SUBACK awaited) before the first KEYNOTIFY, as protocol.md §7 asks.
         await self.session.subscribe(topics.notify_filter(self.client_id), self._on_notification)
+        self._started = True
         self.session.on_connect(self._resync)
         self._delivery = asyncio.create_task(self._deliver(), name="statestore-changes")
 
