@@ -78,22 +78,18 @@ class SetpointSync:
     # ------------------------------------------------------------------ events
 
     async def on_remote_change(self, change: KeyChange) -> None:
-        if change.kind == "DELETE":
-            self.log.info("set point key deleted in the store; republished at the next check")
-            await self.reconcile()
-            return
-        assert change.value is not None
-        if change.version is None:
+        value, version = change.value, change.version
+        if value is None or version is None:
+            # A delete, or a change found without its version: compare the three anew
+            # (a deleted key gets the controller's value back).
+            if change.kind == "DELETE":
+                self.log.info("set point key deleted in the store: publishing it again")
             await self.reconcile()
             return
         await self._run(
             "remote change",
             lambda controller: decisions.on_remote_change(
-                self.status.synced,
-                change.value or b"",
-                change.version,  # type: ignore[arg-type]
-                controller,
-                self._limits(),
+                self.status.synced, value, version, controller, self._limits()
             ),
         )
 
