@@ -22,7 +22,7 @@ from pydantic import SecretStr, ValidationError
 
 from agent import logs
 from agent.client.errors import RequestTimeout, StateStoreError
-from agent.client.lock import LeasedLock, LossReason
+from agent.client.lock import LeasedLock, LossReason, renewal_period_s
 from agent.client.session import Session, SessionError
 from agent.client.statestore import Condition, KeyChange, StateStoreClient
 from agent.config import ConnectionSettings, MqttSettings, setting_errors
@@ -320,7 +320,7 @@ async def _lock(client: StateStoreClient, args: argparse.Namespace) -> int:
         token = await lock.try_acquire(args.ttl_ms)
     print(f"acquired {token}", flush=True)
 
-    period = args.ttl_ms / 3000
+    period = renewal_period_s(args.ttl_ms)
     while not stop.is_set() and not lost.done():
         await _first_of(period, stop.wait(), asyncio.shield(lost))
         if stop.is_set() or lost.done():

@@ -27,6 +27,15 @@ class LossReason(Enum):
     FENCED_WRITE_REJECTED = "a fenced write was rejected: a newer holder wrote"
 
 
+RENEWALS_PER_TTL = 3
+"""The holder renews this many times per lease, so that one lost or late renewal costs
+nothing."""
+
+
+def renewal_period_s(ttl_ms: int) -> float:
+    return ttl_ms / 1000 / RENEWALS_PER_TTL
+
+
 def default_safety_margin_s(ttl_s: float) -> float:
     """Room for message delay and clock-rate error before the store's own expiry."""
     return min(max(0.05, ttl_s * 0.1), 1.0)

@@ -18,7 +18,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from agent import logs
 from agent.client.errors import StateStoreError
-from agent.client.lock import LeasedLock, LossReason
+from agent.client.lock import LeasedLock, LossReason, renewal_period_s
 from agent.client.session import ConnectionRefused, Session, SessionError
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.config import AgentSettings
@@ -330,7 +330,7 @@ class Agent:
     def _start_scheduler(self) -> None:
         """The scheduler with the lease job only; the others come once the role is decided."""
         self.scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
-        lease_period = self.settings.lock.ttl_ms / 3000
+        lease_period = renewal_period_s(self.settings.lock.ttl_ms)
         self.scheduler.add_job(
             self._lease_job, IntervalTrigger(seconds=lease_period), id="lease", **self._JOB_OPTIONS
         )
@@ -361,7 +361,7 @@ class Agent:
         if self.role is Role.ACTIVE and self.lock is not None:
             try:
                 # Bounded by the lease period, so a slow answer cannot stack renewals.
-                await self.lock.renew(timeout=self.settings.lock.ttl_ms / 3000)
+                await self.lock.renew(timeout=renewal_period_s(self.settings.lock.ttl_ms))
             except (StateStoreError, SessionError) as exc:
                 log.warning("lock renewal failed: %s", exc)
         elif self.role is Role.STANDBY and (self._contender is None or self._contender.done()):
