@@ -482,6 +482,7 @@ class Session:
         self._ready = asyncio.Event()
         self._first_up = asyncio.Event()
         self._closed = asyncio.Event()
+        self._reconnect_ceiling: float | None = None
 
     # --- state ---
 
@@ -618,6 +619,23 @@ class Session:
         including on ``stop()``."""
         self._disconnect_hooks.append(hook)
         return hook
+
+    def remove_hook(self, hook: ConnectHook | DisconnectHook) -> None:
+        """Unregister an on-connect or on-disconnect hook (nothing if it is not registered)."""
+        for hooks in (self._connect_hooks, self._disconnect_hooks):
+            while hook in hooks:
+                hooks.remove(hook)
+
+    def set_reconnect_ceiling(self, ceiling_s: float | None) -> None:
+        """Reconnect within ``ceiling_s`` (full jitter below it) until set back to None.
+
+        For a caller that holds something the broker will take away if it stays away too
+        long (a lease): the ordinary backoff grows to ``reconnect_max_s`` and resets only
+        after a long stable link, which can push a reconnect past the lease.
+        """
+        if ceiling_s is not None and not ceiling_s > 0:
+            raise ValueError("the reconnect ceiling must be positive")
+        self._reconnect_ceiling = ceiling_s
 
     # --- requests ---
 
@@ -1007,10 +1025,13 @@ class Session:
                     self._link_lost(link, None)
                 if self._stopping:
                     return
+                maximum = settings.reconnect_max_s
+                if self._reconnect_ceiling is not None:
+                    maximum = min(maximum, self._reconnect_ceiling)
                 delay = backoff_delay(
                     attempt,
-                    settings.reconnect_min_s,
-                    settings.reconnect_max_s,
+                    min(settings.reconnect_min_s, maximum),
+                    maximum,
                     self._random.uniform,
                 )
                 attempt += 1
@@ -1038,6 +1059,10 @@ class Session:
     async def _open_link(self) -> _Link:
         """Connect once: TCP, TLS, CONNECT and CONNACK, all within connect_timeout_s."""
         settings = self._settings
+        connect_timeout = settings.connect_timeout_s
+        if self._reconnect_ceiling is not None:
+            # A black-holed attempt must not use up the time the ceiling is there to save.
+            connect_timeout = min(connect_timeout, max(1.0, 4 * self._reconnect_ceiling))
         link = _Link()
         client = _GmqttClient(
             self._client_id,
@@ -1069,7 +1094,7 @@ class Session:
         try:
             done, _ = await asyncio.wait(
                 (connect, lost),
-                timeout=settings.connect_timeout_s,
+                timeout=connect_timeout,
                 return_when=asyncio.FIRST_COMPLETED,
             )
             if link.refused_v5 or client.downgraded:
@@ -1091,7 +1116,7 @@ class Session:
                     hint = " (does it require a client certificate? see mqtt.tls.cert_file)"
                 raise NotConnected(f"the broker closed the connection before CONNACK{hint}")
             raise SessionTimeout(
-                f"no CONNACK within {settings.connect_timeout_s} s (connect_timeout_s)"
+                f"no CONNACK within {connect_timeout:g} s (connect_timeout_s)"
             )
         finally:
             lost.cancel()

@@ -469,6 +469,39 @@ async def test_stop_while_start_waits(raw_broker: RawBrokerFactory) -> None:
     await broker.wait_for(lambda: broker.closed_by_client == 1)
 
 
+class _WorstCaseRandom(random.Random):
+    """Always draws the longest delay the backoff allows."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+async def test_reconnect_ceiling_bounds_every_reconnect_delay(
+    raw_broker: RawBrokerFactory, log_watch: LogWatch
+) -> None:
+    # A lease holder cannot afford the ordinary backoff (here a certain 2 s and more).
+    broker = await raw_broker(CONNACK_SUCCESS)
+    settings = fast_settings(broker.port, reconnect_min_s=2.0, reconnect_max_s=30.0)
+    session = Session(settings, client_id=unique(), rng=_WorstCaseRandom())
+    await session.start(timeout=5)
+    try:
+        session.set_reconnect_ceiling(0.1)
+        for drops in range(1, 4):
+            await session.wait_connected(timeout=1)
+            dropped_at = time.monotonic()
+            broker.drop_clients()
+            await broker.wait_for(lambda n=drops: len(broker.connects) == n + 1, within=1.5)
+            assert broker.connects[-1].at - dropped_at < 0.5
+        await session.wait_connected(timeout=1)
+        session.set_reconnect_ceiling(None)  # back to the ordinary backoff
+        log_watch.records.clear()
+        broker.drop_clients()
+        record = await log_watch.wait_for("reconnects in")
+        assert float(record.getMessage().split("reconnects in ")[1].split()[0]) >= 2.0
+    finally:
+        await session.stop()
+
+
 async def test_session_taken_over_is_reported(
     raw_broker: RawBrokerFactory, log_watch: LogWatch
 ) -> None:
