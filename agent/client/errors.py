@@ -13,10 +13,6 @@ class RequestTimeout(StateStoreError, TimeoutError):
     """No response within the request's timeout."""
 
 
-class ClockUnusable(StateStoreError):
-    """The local hybrid clock is too far ahead of the wall clock to stamp a request."""
-
-
 class UnexpectedResponse(StateStoreError):
     """The service answered with something this protocol does not allow here."""
 

@@ -14,7 +14,6 @@ from enum import Enum
 from typing import Literal
 
 from agent.client.errors import (
-    ClockUnusable,
     RequestTimeout,
     StateStoreError,
     UnexpectedResponse,
@@ -22,7 +21,7 @@ from agent.client.errors import (
 )
 from agent.client.session import Message, Session, SessionError
 from agent.protocol import topics
-from agent.protocol.hlc import ClockDrift, Hlc, HlcError, HybridLogicalClock
+from agent.protocol.hlc import Hlc, HlcError, HybridLogicalClock
 from agent.protocol.resp3 import (
     OK,
     ErrorReply,
@@ -92,7 +91,11 @@ class StateStoreClient:
         self._pending: dict[bytes, asyncio.Future[Message]] = {}
         self._observed: dict[bytes, ChangeHandler] = {}
         self._seen: dict[bytes, _Seen] = {}
-        self._changes: asyncio.Queue[tuple[ChangeHandler, KeyChange]] = asyncio.Queue()
+        # The newest undelivered change per key, oldest key first: a burst of changes to one
+        # key while its handler is busy is delivered as its last change, and the backlog is
+        # bounded by the number of observed keys.
+        self._undelivered: dict[bytes, KeyChange] = {}
+        self._undelivered_event = asyncio.Event()
         self._delivery: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
         self._started = False
@@ -114,6 +117,7 @@ class StateStoreClient:
         self._delivery = asyncio.create_task(self._deliver(), name="statestore-changes")
 
     async def close(self) -> None:
+        self.session.remove_hook(self._resync)
         if self._resync_task is not None:
             self._resync_task.cancel()
             await asyncio.gather(self._resync_task, return_exceptions=True)
@@ -232,12 +236,9 @@ class StateStoreClient:
         timeout = self.request_timeout_s if timeout is None else timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        try:
-            self.clock.check_usable()
-        except ClockDrift as exc:
-            raise ClockUnusable(
-                f"local clock unusable, refusing to send ({exc}); check time synchronization"
-            ) from exc
+        # No local judgement of clock skew: the service is the judge (protocol.md §4). A
+        # timestamp learnt from the service may run ahead of this wall clock (another client
+        # was fast), and refusing to talk because of it would take a healthy client out.
         user_properties = [
             (topics.TIMESTAMP, str(self.clock.tick())),
             (topics.SOURCE_ID, self.client_id),
@@ -328,11 +329,26 @@ class StateStoreClient:
             log.debug("dropped an old notification for %r (%s)", change.key, change.version)
             return
         self._seen[change.key] = _Seen(change.value, change.version)
-        self._changes.put_nowait((handler, change))
+        self._enqueue(change)
+
+    def _enqueue(self, change: KeyChange) -> None:
+        if change.key in self._undelivered:
+            # Superseded before delivery: the newest takes the older one's turn.
+            log.debug("change of %r superseded before delivery", change.key)
+        self._undelivered[change.key] = change
+        self._undelivered_event.set()
 
     async def _deliver(self) -> None:
         while True:
-            handler, change = await self._changes.get()
+            if not self._undelivered:
+                self._undelivered_event.clear()
+                await self._undelivered_event.wait()
+                continue
+            key = next(iter(self._undelivered))
+            change = self._undelivered.pop(key)
+            handler = self._observed.get(key)
+            if handler is None:
+                continue
             try:
                 result = handler(change)
                 if inspect.isawaitable(result):
@@ -367,6 +383,12 @@ class StateStoreClient:
                     log.warning("could not re-register %r after reconnect: %s", key, exc)
                     failed.append(key)
                     continue
+                except Exception:
+                    # A bug must not end the catch-up silently: the key would never be
+                    # watched again. Say so, and try the key again.
+                    log.exception("re-registering %r after reconnect failed", key)
+                    failed.append(key)
+                    continue
                 self._catch_up_key(key, value, version)
             pending = failed
             if pending:
@@ -381,12 +403,10 @@ class StateStoreClient:
             if unchanged or older or (value is None and seen.value is None):
                 return
         self._seen[key] = _Seen(value, version)
-        handler = self._observed.get(key)
-        if handler is not None:
+        if key in self._observed:
             # Bypasses _offer's version check: a delete found by GET has no version.
             kind: Literal["SET", "DELETE"] = "SET" if value is not None else "DELETE"
-            change = KeyChange(key, kind, value, version, synthetic=True)
-            self._changes.put_nowait((handler, change))
+            self._enqueue(KeyChange(key, kind, value, version, synthetic=True))
 
 
 def _time_out(future: asyncio.Future[Message]) -> None:

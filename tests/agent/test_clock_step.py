@@ -15,10 +15,9 @@ into an invalid one when the monotonic clock is not faked (EINVAL); the only sle
 the agent is pyserial's close() of a socket:// port, which the driver treats as best
 effort, so it costs nothing here.
 
-A step back of more than a minute leaves the client's hybrid logical clock more than a
-minute ahead of the wall clock: by the protocol's rule the local clock is then unusable
-and the client refuses to stamp requests. The active cannot renew, gives up at its lease
-deadline, and the standby takes over; that case is checked for exactly that.
+A step back of an hour leaves the client's hybrid logical clock an hour ahead of its wall
+clock. That is no reason to stop: the clock keeps counting from where it was, the service
+has seen those timestamps already, and it is the service that judges skew (protocol.md §4).
 """
 
 from __future__ import annotations
@@ -124,7 +123,9 @@ def start_faked_active(rig: Rig, library: str, offset_file: Path) -> AgentProces
     return agent
 
 
-@pytest.mark.parametrize("step_s", [pytest.param(-30, id="30s-back")])
+@pytest.mark.parametrize(
+    "step_s", [pytest.param(-30, id="30s-back"), pytest.param(-3600, id="an-hour-back")]
+)
 def test_wall_clock_step_back_keeps_the_active_renewing(
     rig: Rig, libfaketime: str, tmp_path: Path, step_s: int
 ) -> None:
@@ -157,26 +158,6 @@ def test_wall_clock_step_back_keeps_the_active_renewing(
     assert not any(STEPPED_DOWN.search(line) for line in active.lines), "".join(active.lines)
     assert not any(BECAME_ACTIVE.search(line) for line in standby.lines), "".join(standby.lines)
     assert rig.device_writes() == [23.5]
-
-
-def test_wall_clock_step_back_by_an_hour_hands_over_safely(
-    rig: Rig, libfaketime: str, tmp_path: Path
-) -> None:
-    """The stepped clock is unusable: the active steps down, the standby takes over, and
-    a change is applied once with nothing else written."""
-    offset_file = tmp_path / "faketime-offset"
-    active = start_faked_active(rig, libfaketime, offset_file)
-    standby = rig.start_agent("b")
-    standby.wait_for_new(STANDBY)
-    offset_file.write_text("-3600\n")
-    active.wait_for_new(CLOCK_STEPPED)
-    active.wait_for_new(STEPPED_DOWN, timeout=10)
-    standby.wait_for_new(BECAME_ACTIVE, timeout=10)
-    assert rig.remote_set(b"24.5") == b"+OK\r\n"
-    rig.wait_device(lambda d: d.setpoint == 24.5)
-    assert rig.lock_holder() == b"b"
-    assert rig.store_value() == b"24.5"
-    assert rig.device_writes() == [24.5]
 
 
 # --------------------------------------------------------------------------- the detector

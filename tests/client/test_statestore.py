@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
+from unittest.mock import ANY
 
 import pytest
 
@@ -198,14 +199,16 @@ async def test_timestamp_errors_of_the_service(
             client._parse_response(await asyncio.wait_for(future, 5))
 
 
-async def test_clock_unusable_is_refused_locally(
+async def test_a_client_behind_the_service_clock_still_talks(
     connect: Callable[..., asyncio.Future[StateStoreClient]],
 ) -> None:
-    # A gateway whose wall clock is two minutes behind the service.
+    # A gateway whose wall clock is two minutes behind the service: what it learns from the
+    # service's answers runs far ahead of its own wall clock, but the service is the judge
+    # of skew (protocol.md §4), and it accepts what this client sends.
     client = await connect(wall_clock=lambda: time.time_ns() // 1_000_000 - 120_000)
     await client.delete(b"any")  # its response merges the service's clock
-    with pytest.raises(errors.ClockUnusable, match="clock"):
-        await client.get(b"any")
+    assert (await client.set(b"any", b"v")).applied
+    assert await client.get(b"any") == (b"v", ANY)
 
 
 async def test_observe_delivers_changes_in_order_with_versions(
@@ -296,6 +299,80 @@ async def test_broker_restart_while_observing(
     change = await changes.next()
     assert (change.value, change.synthetic) == (b"after", False)
     assert changes.queue.empty()  # nothing for the unchanged key
+
+
+async def test_a_burst_of_changes_reaches_a_busy_handler_as_its_newest(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    watcher, writer = await connect("watcher"), await connect("writer")
+    key = unique()
+    seen: list[bytes | None] = []
+    busy, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_handler(change: KeyChange) -> None:
+        seen.append(change.value)
+        busy.set()
+        await release.wait()
+
+    await watcher.observe(key, slow_handler)
+    await writer.set(key, b"0")
+    await asyncio.wait_for(busy.wait(), 5)
+    last = None
+    for value in range(1, 21):
+        last = (await writer.set(key, str(value))).version
+    await watcher.get(key)  # a round trip: every notification is in by now
+    busy.clear()
+    release.set()
+    await asyncio.wait_for(busy.wait(), 5)
+    assert seen == [b"0", b"20"]
+    assert watcher._undelivered == {} and last is not None
+
+
+async def test_catch_up_survives_an_unexpected_error_and_keys_stay_watched(
+    store_backend: StoreBackend,
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = await connect()
+    key = unique()
+    changes = Changes()
+    await client.observe(key, changes)
+    real_get = client.get
+    failures = 0
+
+    async def get_failing_once(*args: object, **kwargs: object) -> object:
+        nonlocal failures
+        if failures == 0:
+            failures += 1
+            raise RuntimeError("a bug in the catch-up path")
+        return await real_get(*args, **kwargs)  # type: ignore[arg-type]
+
+    client.get = get_failing_once  # type: ignore[method-assign]
+    await store_backend.broker_down()
+    store_backend.write_directly(key, b"set-while-away")
+    await store_backend.broker_up()
+    change = await changes.next(within=10)
+    assert (change.value, change.synthetic) == (b"set-while-away", True)
+    assert failures == 1
+    assert any("re-registering" in r.getMessage() for r in caplog.records)
+    await client.set(key, b"live")  # registered again: a live notification
+    assert (await changes.next()).value == b"live"
+
+
+async def test_a_closed_client_does_nothing_on_reconnect(
+    store_backend: StoreBackend,
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    client = await connect()
+    await client.observe(unique(), Changes())
+    session = client.session
+    await client.close()
+    await store_backend.broker_down()
+    await store_backend.broker_up()
+    await session.wait_connected(timeout=10)
+    for _ in range(3):  # the on-connect hooks have run by the time it counts as connected
+        await asyncio.sleep(0)
+    assert client._resync_task is None
 
 
 async def test_not_connected_fails_fast(
