@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from enum import Enum
@@ -41,7 +42,33 @@ def default_safety_margin_s(ttl_s: float) -> float:
     return min(max(0.05, ttl_s * 0.1), 1.0)
 
 
+def process_holder(instance_id: str) -> str:
+    """The lock value for this process: the instance id and a nonce of this process.
+
+    Gateways cloned from one image can share an instance id; with the id alone as holder,
+    NEX would take one's acquisition for the other's renewal and both would drive the line.
+    """
+    return f"{instance_id}{HOLDER_SEPARATOR}{secrets.token_hex(4)}"
+
+
+HOLDER_SEPARATOR = "#"
+
+
+def holder_instance(holder: bytes | str) -> str:
+    """The instance id in a holder value (everything before the process nonce)."""
+    text = holder.decode(errors="replace") if isinstance(holder, bytes) else holder
+    return text.split(HOLDER_SEPARATOR, 1)[0]
+
+
 class LeasedLock:
+    """One holder's view of a lease.
+
+    Each acquisition starts a lease, numbered by `epoch`; renewals extend it, and may
+    overlap (each is bounded by the caller's timeout), so that a slow link does not cost
+    the lease while the store keeps extending it. An answer that comes back after the
+    lease was lost belongs to the lost lease and is not taken as holding it again.
+    """
+
     def __init__(
         self,
         client: StateStoreClient,
@@ -59,6 +86,10 @@ class LeasedLock:
         self._token: Hlc | None = None
         self._deadline: float | None = None
         self._ttl_ms: int | None = None
+        self._epoch = 0
+        # The send time of the newest acquire or renewal not answered yet: its effect at
+        # the store is unknown, and may be a version newer than our token.
+        self._unanswered_since: float | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._loss_handlers: list[Callable[[LossReason], None]] = []
 
@@ -82,6 +113,15 @@ class LeasedLock:
         """The local lease deadline on the monotonic clock."""
         return self._deadline if self._token is not None else None
 
+    @property
+    def epoch(self) -> int:
+        """Changes whenever a lease ends: a token of one epoch is never one of the next."""
+        return self._epoch
+
+    def margin_s(self, ttl_ms: int) -> float:
+        ttl_s = ttl_ms / 1000
+        return self._margin if self._margin is not None else default_safety_margin_s(ttl_s)
+
     def on_lost(self, handler: Callable[[LossReason], None]) -> None:
         self._loss_handlers.append(handler)
 
@@ -91,18 +131,27 @@ class LeasedLock:
         """SET NEX PX: the fencing token when held, None when someone else holds it."""
         if ttl_ms <= 0:
             raise ValueError("ttl_ms must be positive")
-        sent_at = self._monotonic()
+        epoch, sent_at = self._epoch, self._monotonic()
+        self._unanswered_since = sent_at
         result = await self.client.set(
             self.key, self.holder, condition=Condition.NEX, expiry_ms=ttl_ms, timeout=timeout
         )
+        if self._unanswered_since == sent_at:
+            self._unanswered_since = None
+        if epoch != self._epoch:
+            # The lease this was sent for ended meanwhile; the store may still hold it for
+            # us until its expiry, but only a new acquisition counts as holding it again.
+            log.info("lock %r: a late answer for a lost lease ignored", self.key)
+            return None
         return self._settle(result, sent_at, ttl_ms)
 
     async def renew(self, *, timeout: float | None = None) -> Hlc | None:
         """Extends the lease; a refusal is a loss. None when not held."""
         if self._ttl_ms is None or self._token is None:
             return None
+        epoch = self._epoch
         token = await self.try_acquire(self._ttl_ms, timeout=timeout)
-        if token is None:
+        if token is None and epoch == self._epoch:
             self._lose(LossReason.RENEWAL_REFUSED)
         return token
 
@@ -123,9 +172,9 @@ class LeasedLock:
     async def fenced_set(
         self, key: bytes | str, value: bytes | str, *, timeout: float | None = None
     ) -> SetResult:
-        """Writes with the current token. A rejection is a loss, unless the lock is still
-        ours: others may fence their writes with the lock's latest version (its value is
-        our holder name), which can be a renewal whose answer has not reached us yet."""
+        """Writes with the current token. A rejection is a loss, unless a renewal of ours
+        whose answer has not come back explains it: others may fence their writes with the
+        lock's latest version, and that can be such a renewal."""
         token = self.token
         if token is None:
             raise LockNotHeld(f"{self.key!r} is not held")
@@ -133,10 +182,18 @@ class LeasedLock:
             return await self.client.set(key, value, fencing_token=token, timeout=timeout)
         except FencingTokenLowerVersion:
             holder, version = await self.client.get(self.key, timeout=timeout)
-            if holder != self.holder or version is None or version <= token or not self.held:
+            explained = (
+                holder == self.holder
+                and version is not None
+                and version > token
+                and self._unanswered_since is not None
+                and self.held
+                and self._token == token
+            )
+            if not explained:
                 self._lose(LossReason.FENCED_WRITE_REJECTED)
                 raise
-        # The lock's latest version is a token of ours: adopt it and write once more.
+        assert version is not None
         self._token = version
         try:
             return await self.client.set(key, value, fencing_token=version, timeout=timeout)
@@ -157,13 +214,13 @@ class LeasedLock:
             # is fine: fenced_set may have adopted this renewal's version already.)
             log.error("lock %r: token did not increase (%s)", self.key, result.version)
             return None
-        ttl_s = ttl_ms / 1000
-        margin = self._margin if self._margin is not None else default_safety_margin_s(ttl_s)
         # From the send time: the store's expiry started no earlier than that.
-        deadline = sent_at + ttl_s - margin
+        deadline = sent_at + ttl_ms / 1000 - self.margin_s(ttl_ms)
         if deadline <= self._monotonic():
             log.warning("lock %r: acquired but already past the local deadline", self.key)
             return None
+        if self._deadline is not None and self._token is not None:
+            deadline = max(deadline, self._deadline)  # overlapping renewals: keep the later
         self._token, self._deadline, self._ttl_ms = result.version, deadline, ttl_ms
         self._arm_deadline_timer()
         return result.version
@@ -188,6 +245,8 @@ class LeasedLock:
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer = None
+        if self._token is not None:
+            self._epoch += 1
         self._token = None
         self._deadline = None
 

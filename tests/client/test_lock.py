@@ -10,7 +10,14 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from agent.client import errors
-from agent.client.lock import LeasedLock, LockNotHeld, LossReason, default_safety_margin_s
+from agent.client.lock import (
+    LeasedLock,
+    LockNotHeld,
+    LossReason,
+    default_safety_margin_s,
+    holder_instance,
+    process_holder,
+)
 from agent.client.session import Session
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.protocol.hlc import Hlc
@@ -192,7 +199,8 @@ async def test_rejection_by_our_own_newer_version_is_not_a_loss(connect: Connect
     assert first is not None and (await lock.fenced_set(data, b"20")).applied
     latest = await lock.renew()
     assert latest is not None
-    lock._token = first  # as if the renewal's answer were still on its way
+    # As if the renewal's answer were still on its way.
+    lock._token, lock._unanswered_since = first, time.monotonic()
     _, version = await remote.get(key)
     assert version == latest
     assert (await remote.set(data, b"21", fencing_token=version)).applied
@@ -201,3 +209,50 @@ async def test_rejection_by_our_own_newer_version_is_not_a_loss(connect: Connect
     assert losses.reasons == []
     # The renewal's answer arriving late with the adopted version is no loss either.
     assert await lock.renew() is not None and losses.reasons == []
+
+
+async def test_an_unexplained_newer_version_of_our_holder_is_a_loss(connect: Connect) -> None:
+    """With no renewal of ours unanswered, a newer version under our holder value is not
+    ours: another process writes with our holder value (a clone), so we give up."""
+    holder, other = await connect("holder"), await connect("other")
+    key = lock_key()
+    data = key.replace("lock", "setPoint")
+    lock = LeasedLock(holder, key, "me#1")
+    losses = Losses()
+    lock.on_lost(losses)
+    assert await lock.try_acquire(5000) is not None
+    assert (await lock.fenced_set(data, b"20")).applied
+    clone = LeasedLock(other, key, "me#1")  # the same holder value in another process
+    newer = await clone.try_acquire(5000)
+    assert newer is not None and (await clone.fenced_set(data, b"21")).applied
+    with pytest.raises(errors.FencingTokenLowerVersion):
+        await lock.fenced_set(data, b"22")
+    assert losses.reasons == [LossReason.FENCED_WRITE_REJECTED]
+
+
+async def test_overlapping_renewals_keep_the_lease_and_a_late_answer_does_not_revive_it(
+    connect: Connect,
+) -> None:
+    client = await connect("a")
+    key = lock_key()
+    lock = LeasedLock(client, key, "a#1", safety_margin_s=0.05)
+    losses = Losses()
+    lock.on_lost(losses)
+    first = await lock.try_acquire(2000)
+    assert first is not None
+    epoch = lock.epoch
+    tokens = await asyncio.gather(*(lock.renew() for _ in range(3)))
+    assert all(t is not None for t in tokens) and lock.held and lock.epoch == epoch
+    assert sorted(tokens) == tokens and lock.token == tokens[-1]  # type: ignore[type-var]
+    # A renewal answered after the lease was lost belongs to the lost lease.
+    renewal = asyncio.ensure_future(lock.renew())
+    lock._lose(LossReason.DEADLINE_PASSED)
+    assert await renewal is None
+    assert not lock.held and lock.epoch == epoch + 1
+    assert losses.reasons == [LossReason.DEADLINE_PASSED]
+
+
+def test_holder_values_identify_the_process() -> None:
+    first, second = process_holder("gw1"), process_holder("gw1")
+    assert first != second
+    assert holder_instance(first) == holder_instance(second.encode()) == "gw1"
