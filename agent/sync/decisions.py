@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agent.controller.interface import InvalidSetpoint, Limits, validate_setpoint
@@ -157,3 +158,35 @@ def reconcile(
         assert store_version is not None
         return _apply(store_raw, store_version, controller, limits)
     return Ignore("in sync")
+
+
+def newer(a: Synced, b: Synced) -> Synced:
+    """The one of two syncs with the newer version (a versionless sync is the oldest)."""
+    if b.version is None or b.value is None:
+        return a
+    if a.version is None or a.value is None or b.version > a.version:
+        return b
+    return a
+
+
+def takeover_base(
+    own: Synced, record: Synced | None, seen: Iterable[Synced], controller: float
+) -> Synced:
+    """What the former active last had on the controller, for the one taking over.
+
+    `own` is this instance's last synced state, `record` the sync record in the store (the
+    former active writes it after every sync, so it can lag one step behind: the former
+    active may have died between a sync and its record), and `seen` the set point's values
+    and versions this instance saw in the store while standby. A value the controller holds
+    that reached the store after the record was written closes that gap: the controller was
+    synced at that version. With the base, `reconcile` then tells a panel change the former
+    active missed (the controller differs from the base) from a remote change it never
+    applied (the store is newer than the base), and applies the crossing rule when both.
+    (A panel change to exactly the value of such a store change is taken for it.)
+    """
+    base = own if record is None else newer(own, record)
+    complete = [(s.version, s.value) for s in seen if s.version is not None and s.value is not None]
+    for version, value in sorted(complete, key=lambda pair: pair[0]):
+        if (base.version is None or version > base.version) and same(value, controller):
+            base = Synced(value, version)
+    return base

@@ -1,0 +1,1 @@
+"""The active/standby pair: who may drive the line, and when."""

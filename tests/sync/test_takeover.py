@@ -1,0 +1,183 @@
+"""Taking over a device: what the former active last had on the controller, and what the
+new active then does. Pure; the failover itself is simulated step by step."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.controller.interface import Limits
+from agent.protocol.hlc import Hlc
+from agent.sync.decisions import (
+    ApplyToController,
+    Decision,
+    Ignore,
+    PublishToStore,
+    Record,
+    Synced,
+    encode_setpoint,
+    reconcile,
+    takeover_base,
+)
+from agent.sync.record import InvalidRecord, encode_record, parse_record
+
+LIMITS = Limits(5.0, 35.0, 0.5)
+
+
+def v(n: int) -> Hlc:
+    return Hlc(1_700_000_000_000 + n, 0, "statestore")
+
+
+def test_record_round_trip() -> None:
+    synced = Synced(21.5, v(3))
+    raw = encode_record(synced)
+    assert raw == b'{"value":21.5,"version":"' + str(v(3)).encode() + b'"}'
+    assert parse_record(raw) == synced
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"21.5",
+        b"{}",
+        b'{"value":"x","version":"1:0:a"}',
+        b'{"value":1e999,"version":"1:0:a"}',
+        b'{"value":true,"version":"1:0:a"}',
+        b'{"value":1,"version":"nope"}',
+        b"[" * 10_000,
+        b"\xff\xfe",
+        b'{"value":1,"version":"1:0:a"}' + b" " * 300,
+    ],
+)
+def test_records_that_are_not_records(raw: bytes) -> None:
+    with pytest.raises(InvalidRecord):
+        parse_record(raw)
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_parse_or_raise_invalid_record(raw: bytes) -> None:
+    with contextlib.suppress(InvalidRecord):
+        parse_record(raw)
+
+
+def test_the_newer_of_own_state_and_record_is_the_base() -> None:
+    own, record = Synced(20.0, v(1)), Synced(21.0, v(2))
+    assert takeover_base(own, record, [], 21.0) == record
+    assert takeover_base(record, own, [], 21.0) == record
+    assert takeover_base(Synced(), None, [], 21.0) == Synced()
+
+
+def test_a_value_the_controller_holds_that_reached_the_store_after_the_record() -> None:
+    # The former active applied 22 (version 2) and died before recording it; then 23 came.
+    record = Synced(20.0, v(1))
+    seen = [Synced(22.0, v(2)), Synced(23.0, v(3))]
+    base = takeover_base(record, record, seen, controller=22.0)
+    assert base == Synced(22.0, v(2))
+    decision = reconcile(base, b"23.0", v(3), 22.0, LIMITS)
+    assert decision == ApplyToController(23.0, v(3))
+
+
+def test_seen_values_older_than_the_record_do_not_count() -> None:
+    record = Synced(20.0, v(5))
+    assert takeover_base(Synced(), record, [Synced(22.0, v(2))], 22.0) == record
+
+
+# ------------------------------------------------------------------ a simulated failover
+
+REMOTE_VALUES = st.integers(10, 30).map(float)  # whole degrees
+PANEL_VALUES = st.integers(10, 29).map(lambda n: n + 0.5)  # never equal to a remote value
+
+
+@dataclass
+class World:
+    """The store, the controller, and the former active, which may die between any two
+    of its writes (the controller, the store, the record)."""
+
+    store: list[Synced] = field(default_factory=lambda: [Synced(20.0, v(0))])
+    controller: float = 20.0
+    synced: Synced = field(default_factory=lambda: Synced(20.0, v(0)))
+    record: Synced = field(default_factory=lambda: Synced(20.0, v(0)))
+    agent_view: float = 20.0  # what the former active last put on or read from the controller
+
+    @property
+    def panel_pending(self) -> bool:
+        """A panel change the former active has not published. (A knob turned away and back
+        between two polls is no change: nobody could have seen it.)"""
+        return self.controller != self.agent_view
+
+    def next_version(self) -> Hlc:
+        return v(len(self.store))
+
+    def remote_set(self, value: float) -> None:
+        self.store.append(Synced(value, self.next_version()))
+
+    def panel(self, value: float) -> None:
+        self.controller = value
+
+    def active_step(self, die_after: int) -> bool:
+        """One sync of the former active; False if it died during it."""
+        latest = self.store[-1]
+        if self.controller != self.agent_view:  # a local change: published first
+            self.store.append(Synced(self.controller, self.next_version()))
+            self.agent_view = self.controller
+            if die_after == 1:
+                return False
+            self.synced = self.record = self.store[-1]
+            return True
+        if latest.version != self.synced.version:  # a remote change: applied
+            assert latest.value is not None
+            self.controller = self.agent_view = latest.value
+            if die_after == 1:
+                return False
+            self.synced = self.record = latest
+        return True
+
+
+step = st.one_of(
+    st.tuples(st.just("remote"), REMOTE_VALUES),
+    st.tuples(st.just("panel"), PANEL_VALUES),
+    st.tuples(st.just("active"), st.integers(0, 3)),  # 1: dies in the middle of this step
+)
+
+
+def outcome(decision: Decision, controller: float) -> float:
+    if isinstance(decision, PublishToStore | ApplyToController | Record):
+        return decision.value
+    assert isinstance(decision, Ignore), decision
+    return controller
+
+
+@given(st.lists(step, max_size=12), st.lists(step.filter(lambda s: s[0] != "active"), max_size=4))
+def test_no_change_is_lost_across_a_failover(
+    before: list[tuple[str, float]], during: list[tuple[str, float]]
+) -> None:
+    world = World()
+    alive = True
+    for kind, value in before:
+        if kind == "remote":
+            world.remote_set(value)
+        elif kind == "panel":
+            world.panel(value)
+        elif not world.active_step(int(value)):
+            alive = False
+            break
+    # The active is gone (killed, cut off, paused); changes keep coming until the takeover.
+    for kind, value in during:
+        (world.remote_set if kind == "remote" else world.panel)(value)
+    del alive
+    latest = world.store[-1]
+    assert latest.value is not None
+    base = takeover_base(world.record, world.record, world.store, world.controller)
+    decision = reconcile(
+        base, encode_setpoint(latest.value), latest.version, world.controller, LIMITS
+    )
+    final = outcome(decision, world.controller)
+    # The documented rule: a panel change that never reached the store wins (it reaches the
+    # store last, published by the new active); otherwise the store's latest change does.
+    expected = world.controller if world.panel_pending else latest.value
+    assert final == expected, (decision, world)
