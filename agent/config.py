@@ -317,16 +317,21 @@ class KeySettings(BaseModel):
 
     setpoint: str = Field(default="{device}\\setPoint", description="Key of the set point.")
     lock: str = Field(default="{device}\\lock", description="Key of the pair's lock.")
+    synced: str = Field(
+        default="{device}\\synced",
+        description="Key of the sync record: what the active last had on the controller.",
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> Self:
-        for name in ("setpoint", "lock"):
+        names = ("setpoint", "lock", "synced")
+        for name in names:
             try:
                 getattr(self, name).format(device="d")
             except (KeyError, IndexError, ValueError):
                 raise ValueError(f"keys.{name}: only {{device}} may be substituted") from None
-        if self.setpoint == self.lock:
-            raise ValueError("keys.setpoint and keys.lock must differ")
+        if len({getattr(self, name) for name in names}) < len(names):
+            raise ValueError("keys.setpoint, keys.lock and keys.synced must differ")
         return self
 
 
@@ -424,6 +429,10 @@ class AgentSettings(BaseSettings):
     @property
     def lock_key(self) -> str:
         return self.keys.lock.format(device=self.device_id)
+
+    @property
+    def record_key(self) -> str:
+        return self.keys.synced.format(device=self.device_id)
 
     @property
     def telemetry_topic(self) -> str:

@@ -92,13 +92,27 @@ class LeasedLock:
         self._unanswered_since: float | None = None
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._loss_handlers: list[Callable[[LossReason], None]] = []
+        self._doubted_at: float | None = None
 
     # ------------------------------------------------------------------ state
 
     @property
     def token(self) -> Hlc | None:
-        """The fencing token while the lease is held locally, else None."""
-        return self._token if self.held else None
+        """The fencing token while the lease is held locally and not in doubt, else None."""
+        return self._token if self.held and self._doubted_at is None else None
+
+    @property
+    def confirmed(self) -> bool:
+        """False from `doubt()` until a renewal sent after it succeeds."""
+        return self._doubted_at is None
+
+    def doubt(self) -> None:
+        """The link to the store was down: a store that restarted meanwhile may have
+        forgotten the lease and handed it to someone else. Until a renewal sent from now on
+        succeeds, `token` is None, so that no fenced write goes out with a token the store
+        may no longer stand behind."""
+        if self._token is not None:
+            self._doubted_at = self._monotonic()
 
     @property
     def held(self) -> bool:
@@ -222,6 +236,8 @@ class LeasedLock:
         if self._deadline is not None and self._token is not None:
             deadline = max(deadline, self._deadline)  # overlapping renewals: keep the later
         self._token, self._deadline, self._ttl_ms = result.version, deadline, ttl_ms
+        if self._doubted_at is not None and sent_at >= self._doubted_at:
+            self._doubted_at = None
         self._arm_deadline_timer()
         return result.version
 
@@ -249,6 +265,7 @@ class LeasedLock:
             self._epoch += 1
         self._token = None
         self._deadline = None
+        self._doubted_at = None
 
     def _lose(self, reason: LossReason) -> None:
         if self._token is None:

@@ -1115,9 +1115,7 @@ class Session:
                     # What a broker that requires a client certificate looks like from here.
                     hint = " (does it require a client certificate? see mqtt.tls.cert_file)"
                 raise NotConnected(f"the broker closed the connection before CONNACK{hint}")
-            raise SessionTimeout(
-                f"no CONNACK within {connect_timeout:g} s (connect_timeout_s)"
-            )
+            raise SessionTimeout(f"no CONNACK within {connect_timeout:g} s (connect_timeout_s)")
         finally:
             lost.cancel()
             if not ok:

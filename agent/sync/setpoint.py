@@ -1,5 +1,11 @@
-"""The set point sync loop: reads the controller and the store, asks `decisions`, and
-carries out the answer. One operation at a time, so that decisions see a settled state."""
+"""The set point sync of one device: reads the controller and the store, asks `decisions`,
+and carries out the answer. One operation at a time, so that decisions see a settled state.
+
+It lives as long as the process. While standby it follows the store: the set point values
+it sees and the sync record of the active, so that on takeover it knows what the former
+active last had on the controller. While active it holds the controller and keeps both
+sides equal, writing a sync record after every sync.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,12 +34,17 @@ from agent.sync.decisions import (
     ApplyToController,
     Decision,
     Ignore,
+    InvalidRemoteValue,
     PublishToStore,
     Record,
     Reject,
     Synced,
 )
+from agent.sync.record import InvalidRecord, encode_record, parse_record
 from agent.sync.state_file import StateFile
+
+SEEN_WHILE_STANDBY = 64
+"""Set point values kept while standby, newest last (see `decisions.takeover_base`)."""
 
 
 @dataclass
@@ -51,31 +63,92 @@ class SyncStatus:
     counters: SyncCounters = field(default_factory=SyncCounters)
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceKeys:
+    setpoint: str
+    record: str
+
+
 class SetpointSync:
     """Moves the set point between one controller and one key, as the lock's holder."""
 
     def __init__(
         self,
-        controller: BlockingPortDriver,
         client: StateStoreClient,
         lock: LeasedLock,
-        key: str,
+        keys: DeviceKeys,
         state_file: StateFile,
-        status: SyncStatus,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger],
         may_write: Callable[[], bool],
     ) -> None:
-        self.controller = controller
         self.client = client
         self.lock = lock
-        self.key = key
+        self.keys = keys
         self.state_file = state_file
-        self.status = status
+        self.status = SyncStatus(synced=state_file.load())
         self.log = log
         self._may_write = may_write
         self._busy = asyncio.Lock()
+        self._seen: deque[Synced] = deque(maxlen=SEEN_WHILE_STANDBY)
+        self.controller: BlockingPortDriver | None = None
 
-    # ------------------------------------------------------------------ events
+    # ------------------------------------------------------------------ standby
+
+    def follow_setpoint(self, value: bytes | None, version: Hlc | None) -> None:
+        """While standby: a set point value the store held (the active keeps both sides
+        equal, so it is a candidate for what the controller holds)."""
+        if value is None or version is None:
+            return
+        with contextlib.suppress(InvalidRemoteValue):
+            self._seen.append(Synced(decisions.parse_setpoint(value), version))
+
+    async def follow_record(self, value: bytes | None) -> None:
+        """While standby: the active's sync record, kept as our own last synced state (on
+        disk too), so that a restart or a takeover knows it even if the store forgets."""
+        record = self._parse_record(value)
+        if record is None:
+            return
+        synced = decisions.newer(self.status.synced, record)
+        if synced != self.status.synced:
+            self.status.synced = synced
+            await self._save_locally(synced)
+
+    # ------------------------------------------------------------------ taking over
+
+    async def take_over(self, controller: BlockingPortDriver) -> None:
+        """Holds the controller from now on, and brings the three together: what the former
+        active last had on the controller (its record, or a value seen in the store since),
+        the store, and the controller."""
+        self.controller = controller
+        async with self._busy:
+            try:
+                record_raw, _ = await self.client.get(self.keys.record)
+                store_raw, store_version = await self.client.get(self.keys.setpoint)
+            except (StateStoreError, SessionError) as exc:
+                self.status.counters.store_errors += 1
+                self.log.warning("takeover: cannot read the store (%s); reconciling later", exc)
+                return
+            record = self._parse_record(record_raw)
+            seen = list(self._seen)
+
+            def decide(controller_value: float) -> Decision:
+                base = decisions.takeover_base(self.status.synced, record, seen, controller_value)
+                if base != self.status.synced:
+                    self.log.info("takeover: the former active last synced %s", base.value)
+                    self.status.synced = base
+                return decisions.reconcile(
+                    base, store_raw, store_version, controller_value, self._limits()
+                )
+
+            await self._run_locked("takeover", decide)
+        self._seen.clear()
+
+    def release(self) -> BlockingPortDriver | None:
+        """Stepping down: hands back the controller (to be closed)."""
+        controller, self.controller = self.controller, None
+        return controller
+
+    # ------------------------------------------------------------------ events (active)
 
     async def on_remote_change(self, change: KeyChange) -> None:
         value, version = change.value, change.version
@@ -97,16 +170,21 @@ class SetpointSync:
         await self._run("poll", lambda c: decisions.on_poll(self.status.synced, c))
 
     async def reconcile(self) -> None:
-        try:
-            raw, version = await self.client.get(self.key)
-        except (StateStoreError, SessionError) as exc:
-            self.status.counters.store_errors += 1
-            self.log.warning("reconcile: cannot read %s: %s", self.key, exc)
-            return
-        await self._run(
-            "reconcile",
-            lambda c: decisions.reconcile(self.status.synced, raw, version, c, self._limits()),
-        )
+        async with self._busy:
+            if self.controller is None or not self._may_write():
+                return
+            # Read inside the operation: a store value read before another operation
+            # changed it would be stale by the time it is compared.
+            try:
+                raw, version = await self.client.get(self.keys.setpoint)
+            except (StateStoreError, SessionError) as exc:
+                self.status.counters.store_errors += 1
+                self.log.warning("reconcile: cannot read %s: %s", self.keys.setpoint, exc)
+                return
+            await self._run_locked(
+                "reconcile",
+                lambda c: decisions.reconcile(self.status.synced, raw, version, c, self._limits()),
+            )
 
     async def quiesce(self, timeout: float) -> None:
         """Waits for the operation in progress and lets no other start."""
@@ -117,26 +195,40 @@ class SetpointSync:
     # ------------------------------------------------------------------ carrying out
 
     def _limits(self) -> Limits:
+        assert self.controller is not None
         limits = self.controller.limits
         assert limits is not None
         return limits
 
+    def _parse_record(self, raw: bytes | None) -> Synced | None:
+        if raw is None:
+            return None
+        try:
+            return parse_record(raw)
+        except InvalidRecord as exc:
+            self.log.warning("ignoring the sync record in %s: %s", self.keys.record, exc)
+            return None
+
     async def _run(self, what: str, decide: Callable[[float], Decision]) -> None:
         async with self._busy:
-            if not self._may_write():
-                return
-            try:
-                # The whole state in one exchange: telemetry reports it too.
-                controller_value = (await self.controller.read_state()).setpoint
-                if self.controller.limits is None:
-                    await self.controller.read_limits()
-            except ControllerFault as exc:
-                self._controller_fault(exc)
-                self.log.debug("%s: controller not readable: %s", what, exc)
-                return
-            self.status.controller = "ok"
-            decision = decide(controller_value)
-            await self._carry_out(what, decision)
+            await self._run_locked(what, decide)
+
+    async def _run_locked(self, what: str, decide: Callable[[float], Decision]) -> None:
+        controller = self.controller
+        if controller is None or not self._may_write():
+            return
+        try:
+            # The whole state in one exchange: telemetry reports it too.
+            controller_value = (await controller.read_state()).setpoint
+            if controller.limits is None:
+                await controller.read_limits()
+        except ControllerFault as exc:
+            self._controller_fault(exc)
+            self.log.debug("%s: controller not readable: %s", what, exc)
+            return
+        self.status.controller = "ok"
+        decision = decide(controller_value)
+        await self._carry_out(what, decision)
 
     async def _carry_out(self, what: str, decision: Decision) -> None:
         if isinstance(decision, Ignore):
@@ -147,13 +239,14 @@ class SetpointSync:
                 "%s: invalid set point in the store ignored: %s", what, decision.reason
             )
         elif isinstance(decision, Record):
-            self._record(decision.value, decision.version)
+            await self._record(decision.value, decision.version)
         elif isinstance(decision, PublishToStore):
             await self._publish(decision.value, decision.reason)
         elif isinstance(decision, ApplyToController):
             await self._apply(decision)
 
     async def _apply(self, decision: ApplyToController) -> None:
+        assert self.controller is not None
         try:
             readback = await self.controller.write_setpoint(decision.value, allowed=self._may_write)
         except WriteNotAllowed:
@@ -168,7 +261,7 @@ class SetpointSync:
             readback,
             decision.version,
         )
-        self._record(readback, decision.version)
+        await self._record(readback, decision.version)
         if decision.correct_store or not decisions.same(readback, decision.value):
             await self._publish(readback, "the controller keeps a rounded value")
 
@@ -176,7 +269,9 @@ class SetpointSync:
         if not self._may_write():
             return
         try:
-            result = await self.lock.fenced_set(self.key, decisions.encode_setpoint(value))
+            result = await self.lock.fenced_set(
+                self.keys.setpoint, decisions.encode_setpoint(value)
+            )
         except FencingTokenLowerVersion:
             self.status.counters.fenced_writes_rejected += 1
             self.log.warning("store refused our write of %s: a newer active wrote", value)
@@ -190,7 +285,7 @@ class SetpointSync:
         self.log.info(
             "published set point %s to the store (%s, version %s)", value, reason, result.version
         )
-        self._record(value, result.version)
+        await self._record(value, result.version)
 
     def _controller_fault(self, exc: ControllerFault) -> None:
         if isinstance(exc, ControllerUnavailable):
@@ -199,13 +294,30 @@ class SetpointSync:
             self.status.controller = "error"
         self.status.counters.controller_errors += 1
 
-    def _record(self, value: float, version: Hlc | None) -> None:
+    async def _record(self, value: float, version: Hlc | None) -> None:
+        """Both sides agree on `value` at `version`: remember it, on disk and in the store
+        (the sync record, for whoever takes over next)."""
         synced = Synced(value, version)
         if synced == self.status.synced:
             return
         self.status.synced = synced
         self.status.synced_at = time.time()
+        await self._save_locally(synced)
+        if version is None or not self._may_write():
+            return
         try:
-            self.state_file.save(synced)
+            await self.lock.fenced_set(self.keys.record, encode_record(synced))
+        except FencingTokenLowerVersion:
+            self.status.counters.fenced_writes_rejected += 1
+            self.log.warning("store refused our sync record: a newer active wrote")
+        except LockNotHeld:
+            pass
+        except (StateStoreError, SessionError) as exc:
+            self.status.counters.store_errors += 1
+            self.log.warning("could not write the sync record: %s", exc)
+
+    async def _save_locally(self, synced: Synced) -> None:
+        try:
+            await self.state_file.store(synced)
         except OSError as exc:
             self.log.warning("could not save the synced state: %s", exc)

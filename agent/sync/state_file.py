@@ -3,6 +3,7 @@ difference between store and controller is a local or a remote change."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -18,6 +19,15 @@ log = logging.getLogger(__name__)
 class StateFile:
     def __init__(self, directory: Path, device_id: str) -> None:
         self.path = directory / f"{device_id}.synced.json"
+        self._writing: asyncio.Lock | None = None
+
+    async def store(self, synced: Synced) -> None:
+        """`save()` on a worker thread: its fsyncs can take long on slow flash, and the
+        event loop renews the lease. One write at a time, in the order asked."""
+        if self._writing is None:
+            self._writing = asyncio.Lock()
+        async with self._writing:
+            await asyncio.to_thread(self.save, synced)
 
     def load(self) -> Synced:
         try:

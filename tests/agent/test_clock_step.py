@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import queue
 import re
 import subprocess
 import sys
@@ -36,14 +35,13 @@ import pytest
 
 from agent.runtime.clock_guard import ClockStepDetector
 from tests.support.processes import AgentProcess
-from tests.support.rig import ACTIVE, APPLIED, LOCK_KEY, STANDBY, Rig
+from tests.support.rig import ACTIVE, APPLIED, STANDBY, Rig
 
 CLOCK_STEPPED = re.compile(r"wall clock stepped by ([-+][0-9.]+) s")
 STEPPED_DOWN = re.compile(r"stepped down to standby")
 BECAME_ACTIVE = re.compile(r"became active")
 # The lease is renewed every third of the TTL; this many renewals span three TTLs.
 RENEWALS_TO_WATCH = 9
-HOLDER_A = b"NOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$1\r\na\r\n"
 
 
 def find_libfaketime() -> str | None:
@@ -100,14 +98,10 @@ def libfaketime(tmp_path_factory: pytest.TempPathFactory) -> str:
 def expect_renewal(rig: Rig, agent: AgentProcess, timeout: float) -> None:
     """The next change of the lock key is a renewal by "a", within `timeout`."""
     try:
-        payload: bytes | None = rig.client.notifications.get(timeout=timeout).payload
-    except queue.Empty:
-        payload = None
-    if payload is None or not payload.endswith(HOLDER_A):
+        rig.expect_renewal("a", timeout)
+    except AssertionError as exc:
         agent.drain()
-        raise AssertionError(
-            f"expected a renewal within {timeout} s, got {payload!r}: {agent.lines}"
-        )
+        raise AssertionError(f"{exc}: {agent.lines}") from None
 
 
 def start_faked_active(rig: Rig, library: str, offset_file: Path) -> AgentProcess:
@@ -118,7 +112,7 @@ def start_faked_active(rig: Rig, library: str, offset_file: Path) -> AgentProces
     agent.wait_for_new(re.compile("started as active"))
     # The scheduler and the clock guard start just after that line. A renewal seen after
     # it proves they run, so that a step from here on happens under them, not before.
-    assert rig.client.request("KEYNOTIFY", LOCK_KEY).payload == b"+OK\r\n"
+    rig.watch_lock()
     expect_renewal(rig, agent, rig.ttl_ms / 1000)
     return agent
 

@@ -256,3 +256,19 @@ def test_holder_values_identify_the_process() -> None:
     first, second = process_holder("gw1"), process_holder("gw1")
     assert first != second
     assert holder_instance(first) == holder_instance(second.encode()) == "gw1"
+
+
+async def test_after_a_doubt_nothing_is_fenced_until_a_renewal_confirms(connect: Connect) -> None:
+    client = await connect("a")
+    key = lock_key()
+    data = key.replace("lock", "setPoint")
+    lock = LeasedLock(client, key, "a#1")
+    first = await lock.try_acquire(5000)
+    lock.doubt()  # as after a reconnect: the store may have restarted without the lock
+    assert lock.held and not lock.confirmed and lock.token is None
+    with pytest.raises(LockNotHeld):
+        await lock.fenced_set(data, b"20")
+    renewed = await lock.renew()
+    assert renewed is not None and first is not None and renewed > first
+    assert lock.confirmed and lock.token == renewed
+    assert (await lock.fenced_set(data, b"20")).applied

@@ -26,6 +26,8 @@ T = TypeVar("T")
 DEVICE = "thermostat-1"
 SETPOINT_KEY = f"{DEVICE}\\setPoint"
 LOCK_KEY = f"{DEVICE}\\lock"
+RECORD_KEY = f"{DEVICE}\\synced"
+RECORD_OF_20 = b'{"value":20.0,"version":"000000000000001:00000:seed"}'
 
 ACTIVE = re.compile(r"became active \(fencing token (\S+)\)")
 STANDBY = re.compile(r"started as standby")
@@ -55,7 +57,10 @@ class BackgroundLoop:
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, *, ttl_ms: int = 1500) -> None:
+    def __init__(self, tmp_path: Path, *, ttl_ms: int = 1500, served_before: bool = True) -> None:
+        """`served_before`: the store holds a sync record, as one that has served this pair
+        before (and kept its contents) does: a first active need not wait a TTL for a lease
+        an emptied store might have forgotten (see agent.pair.lock_delay)."""
         self.tmp_path = tmp_path
         self.ttl_ms = ttl_ms
         self.background = BackgroundLoop()
@@ -64,6 +69,8 @@ class Rig:
         self.device = FakeDevice(setpoint=20.0, time_constant_s=30.0)
         self.background.run(self.store.start())
         self.background.run(self.device.start(tcp_port=0, panel_port=0))
+        if served_before:
+            self.background.call(lambda: self._write(RECORD_KEY, RECORD_OF_20))
         self.agents: list[AgentProcess] = []
         self._client: PahoStoreClient | None = None
 
@@ -97,7 +104,8 @@ class Rig:
 
     def start_active(self, instance: str = "a", **extra: str) -> tuple[AgentProcess, str]:
         process = self.start_agent(instance, **extra)
-        token = process.wait_for_new(ACTIVE).group(1)
+        ttl_s = int(extra.get("AGENT_LOCK__TTL_MS", self.ttl_ms)) / 1000
+        token = process.wait_for_new(ACTIVE, timeout=10 + ttl_s).group(1)
         process.wait_for_new(re.compile("started as active"))
         return process, token
 
@@ -109,11 +117,34 @@ class Rig:
             self._client = PahoStoreClient("127.0.0.1", self.port, f"remote-{time.monotonic_ns()}")
         return self._client
 
-    def remote_set(self, value: bytes) -> bytes:
-        """A remote writer: fenced with the lock's current version, as protocol.md allows."""
-        lock = self.client.request("GET", LOCK_KEY)
+    def remote_set(self, value: bytes, timeout: float = 10.0) -> bytes:
+        """A remote writer: fenced with the lock's current version, as protocol.md allows.
+        With nobody holding the lock it waits for a holder, as a remote writer retries."""
+        self.client.request("KEYNOTIFY", LOCK_KEY)
+        deadline = time.monotonic() + timeout
+        while (lock := self.client.request("GET", LOCK_KEY)).payload == b"$-1\r\n":
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, "nobody took the lock"
+            with contextlib.suppress(queue.Empty):
+                self.client.notifications.get(timeout=remaining)
         token = lock.prop("__ts")
         return self.client.request("SET", SETPOINT_KEY, value, ft=token).payload
+
+    def watch_lock(self) -> None:
+        """Lock changes arrive on `client.notifications` from now on (earlier ones dropped)."""
+        assert self.client.request("KEYNOTIFY", LOCK_KEY).payload == b"+OK\r\n"
+        while not self.client.notifications.empty():
+            self.client.notifications.get_nowait()
+
+    def expect_renewal(self, instance: str, timeout: float) -> None:
+        """The next change of the lock key (see watch_lock) is a renewal by `instance`."""
+        try:
+            payload: bytes | None = self.client.notifications.get(timeout=timeout).payload
+        except queue.Empty:
+            payload = None
+        holder = None if payload is None else payload.rsplit(b"\r\n", 2)[-2]
+        if holder is None or holder.split(b"#", 1)[0] != instance.encode():
+            raise AssertionError(f"no renewal by {instance} within {timeout} s: {payload!r}")
 
     def store_value(self, key: str = SETPOINT_KEY) -> bytes | None:
         payload = self.client.request("GET", key).payload
@@ -132,7 +163,17 @@ class Rig:
                 self.client.notifications.get(timeout=remaining)
 
     def lock_holder(self) -> bytes | None:
-        return self.store_value(LOCK_KEY)
+        """The instance id of the lock's holder (its value is the instance id and a nonce
+        of the holding process)."""
+        value = self.store_value(LOCK_KEY)
+        return None if value is None else value.split(b"#", 1)[0]
+
+    def _write(self, key: str, value: bytes, token: str | None = None) -> None:
+        now = str(Hlc(time.time_ns() // 1_000_000, 0, "remote"))
+        outcome = self.store.store.handle(
+            "remote", encode_request([b"SET", key.encode(), value]), now, token
+        )
+        assert outcome.reply.payload == b"+OK\r\n", outcome.reply.payload
 
     def write_directly(self, value: bytes) -> None:
         """A change reaching the store while the agents cannot (the broker is down)."""
@@ -143,12 +184,7 @@ class Rig:
             lock = self.store.store.entry(LOCK_KEY.encode())
             current = self.store.store.entry(SETPOINT_KEY.encode())
             fence = lock.version if lock else current.fencing_token if current else None
-            token = None if fence is None else str(fence)
-            now = str(Hlc(time.time_ns() // 1_000_000, 0, "remote"))
-            outcome = self.store.store.handle(
-                "remote", encode_request([b"SET", SETPOINT_KEY.encode(), value]), now, token
-            )
-            assert outcome.reply.payload == b"+OK\r\n", outcome.reply.payload
+            self._write(SETPOINT_KEY, value, None if fence is None else str(fence))
 
         self.background.call(write)
 
@@ -157,6 +193,17 @@ class Rig:
 
     def broker_up(self) -> None:
         self.background.run(self.store.broker.start())
+
+    def store_restart_forgetting(self, outage_s: float = 0.0) -> None:
+        """The emulator restarts without its contents: the lock and the set point vanish."""
+        if self._client is not None:
+            self._client.drop()
+            self._client = None
+        self.background.run(self.store.stop())
+        if outage_s:
+            time.sleep(outage_s)  # the outage is the fault itself, not a wait for an event
+        self.store = EmbeddedStateStore("127.0.0.1", self.port)
+        self.background.run(self.store.start())
 
     # ------------------------------------------------------------------ the device
 

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from pathlib import Path
+
+import pytest
 
 from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Synced
@@ -24,3 +28,22 @@ def test_damaged_file_is_ignored(tmp_path: Path) -> None:
     for content in ("", "{", "[]", '{"value": "x"}', '{"value": 1, "version": "bad"}'):
         state.path.write_text(content)
         assert state.load() == Synced()
+
+
+async def test_store_writes_off_the_event_loop_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = StateFile(tmp_path, "d")
+    loop_thread = threading.get_ident()
+    fsync_threads: list[int] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        fsync_threads.append(threading.get_ident())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    versions = [Synced(20.0 + n, Hlc(1_700_000_000_000 + n, 0, "s")) for n in range(10)]
+    await asyncio.gather(*(state.store(synced) for synced in versions))
+    assert state.load() == versions[-1]
+    assert fsync_threads and loop_thread not in fsync_threads

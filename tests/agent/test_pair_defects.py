@@ -1,0 +1,172 @@
+"""The pair under the faults that once lost changes or stalled it, one test per defect.
+
+Each drives the real processes (two agents, the embedded store, the fake device) through
+the fault as it was found, and checks what must hold: no change lost, one instance driving,
+an active again after the fault.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from tests.agent.test_clock_step import faked_env, libfaketime  # noqa: F401 (a fixture)
+from tests.support.processes import AgentProcess
+from tests.support.rig import ACTIVE, STANDBY, STEPPED_DOWN, Rig
+
+DUPLICATE = re.compile(r"another process .*instance id")
+WAITING = re.compile(r"waiting ([0-9.]+) s for the previous lease to end")
+PUBLISHED_AT_TAKEOVER = re.compile(r"published set point (\S+)")
+
+
+def log_time(line: str) -> float:
+    """The wall-clock time of an agent's log line (same machine, so comparable)."""
+    stamp = " ".join(line.split()[:2])
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def start_pair(rig: Rig, **extra: str) -> tuple[AgentProcess, AgentProcess]:
+    active, _ = rig.start_active("a", **extra)
+    standby = rig.start_agent("b", **extra)
+    standby.wait_for_new(STANDBY)
+    rig.wait_store_value(b"20.0")
+    return active, standby
+
+
+# ------------------------------------------------------------------ 1. changes in a failover
+
+
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["sigkill", "sigstop"])
+def test_remote_change_made_during_a_failover_is_not_lost(rig: Rig, fault: int) -> None:
+    active, standby = start_pair(rig)
+    active.signal(fault)
+    # Fenced with the lock's current version: the former active's lease, not yet expired.
+    assert rig.remote_set(b"24.5") == b"+OK\r\n"
+    standby.wait_for_new(ACTIVE, timeout=10)
+    rig.wait_device(lambda d: d.setpoint == 24.5)
+    rig.wait_store_value(b"24.5")
+    standby.drain()
+    assert not any("published set point 20.0" in line for line in standby.lines)
+    if fault == signal.SIGSTOP:
+        active.signal(signal.SIGCONT)
+        active.wait_for_new(STEPPED_DOWN, timeout=10)
+    assert rig.device_writes() == [24.5]
+    assert rig.store_value() == b"24.5"
+
+
+def test_panel_change_made_during_a_failover_is_not_lost(rig: Rig) -> None:
+    active, standby = start_pair(rig)
+    active.signal(signal.SIGKILL)
+    rig.panel(18.5)
+    standby.wait_for_new(ACTIVE, timeout=10)
+    rig.wait_store_value(b"18.5")
+    assert rig.device_writes() == []
+
+
+def test_remote_and_panel_change_in_one_failover_end_by_the_crossing_rule(rig: Rig) -> None:
+    active, standby = start_pair(rig)
+    active.signal(signal.SIGKILL)
+    assert rig.remote_set(b"24.5") == b"+OK\r\n"
+    rig.panel(18.5)  # never reached the store: it reaches it last, so it wins
+    standby.wait_for_new(ACTIVE, timeout=10)
+    rig.wait_store_value(b"18.5")
+    assert rig.background.call(lambda: rig.device.setpoint) == 18.5
+    assert rig.device_writes() == []
+
+
+# ------------------------------------------------------------------ 2. one instance id twice
+
+
+def test_two_instances_with_the_same_instance_id_never_both_drive(rig: Rig) -> None:
+    first, _ = rig.start_active("gw")
+    clone = rig.start_agent("gw")  # a gateway cloned from the same image
+    clone.wait_for_new(DUPLICATE, timeout=10)
+    assert rig.remote_set(b"23.0") == b"+OK\r\n"
+    rig.wait_device(lambda d: d.setpoint == 23.0)
+    rig.wait_store_value(b"23.0")
+    first.drain()
+    clone.drain()
+    assert not any(ACTIVE.search(line) for line in clone.lines), clone.lines
+    assert rig.device_writes() == [23.0]
+
+
+# ------------------------------------------------------------------ 3. one fast clock
+
+
+def test_a_client_with_a_fast_clock_does_not_take_healthy_agents_out(
+    rig: Rig,
+    libfaketime: str,  # noqa: F811 (the fixture)
+    tmp_path: Path,
+) -> None:
+    offset = tmp_path / "offset"
+    offset.write_text("-2\n")  # a healthy gateway, two seconds slow
+    active, _ = rig.start_active("a", **faked_env(libfaketime, offset))
+    standby = rig.start_agent("b", **faked_env(libfaketime, offset))
+    standby.wait_for_new(STANDBY)
+    # Another client, 59 s fast (allowed: under a minute), pushes the service's clock.
+    fast_ts = f"{time.time_ns() // 1_000_000 + 59_000:015d}:00000:fast"
+    fast = rig.client.request("GET", "anything", ts=fast_ts)
+    assert fast.payload == b"$-1\r\n"
+    # The healthy pair keeps its lease (renewals over two leases) and applies a change.
+    ttl_s = rig.ttl_ms / 1000
+    rig.watch_lock()
+    for _ in range(6):
+        rig.expect_renewal("a", ttl_s)
+    assert rig.remote_set(b"22.5") == b"+OK\r\n"
+    rig.wait_device(lambda d: d.setpoint == 22.5, timeout=3 * ttl_s)
+    active.drain()
+    standby.drain()
+    assert not any(STEPPED_DOWN.search(line) for line in active.lines), active.lines
+    assert not any("refus" in line for line in active.lines + standby.lines)
+    assert rig.lock_holder() == b"a"
+
+
+# ------------------------------------------------------------------ 4. a burst of changes
+
+
+def test_a_burst_of_remote_changes_collapses_to_the_newest(rig: Rig) -> None:
+    rig.start_active("a", AGENT_SERIAL__MIN_WRITE_INTERVAL_S="1.0")
+    for value in range(20):
+        rig.remote_set(f"{10 + value}.0".encode())
+    rig.wait_device(lambda d: d.setpoint == 29.0, timeout=10)
+    rig.wait_store_value(b"29.0")
+    writes = rig.device_writes()
+    assert writes[-1] == 29.0 and len(writes) <= 3, writes
+
+
+# ------------------------------------------------------------------ 7. a store that forgets
+
+
+def test_a_store_that_forgets_its_lock_never_lets_two_instances_drive(rig: Rig) -> None:
+    """The standby gets the lock on the emptied store while the active, paused through the
+    restart, is still inside its own lease: the new holder waits for that lease to end."""
+    ttl = "3000"
+    active, standby = start_pair(rig, AGENT_LOCK__TTL_MS=ttl)
+    active.signal(signal.SIGSTOP)  # the active cannot get back to the store first
+    rig.store_restart_forgetting(outage_s=0.3)
+    standby.wait_for_new(WAITING, timeout=10)  # b holds the lock, but does not drive yet
+    active.signal(signal.SIGCONT)  # still within its local deadline
+    stepped = log_time(active.wait_for_new(STEPPED_DOWN, timeout=10).string)
+    became = log_time(standby.wait_for_new(ACTIVE, timeout=10).string)
+    assert became > stepped, "the new active drove while the former one still did"
+    assert rig.remote_set(b"25.5") == b"+OK\r\n"
+    rig.wait_device(lambda d: d.setpoint == 25.5, timeout=10)
+    assert rig.device_writes() == [25.5]
+
+
+def test_a_store_that_forgets_everything_gets_the_set_point_back(rig: Rig) -> None:
+    active, _ = start_pair(rig)
+    rig.panel(21.0)
+    rig.wait_store_value(b"21.0")
+    rig.store_restart_forgetting()
+    # The set point key is republished from the controller, by whoever is active.
+    rig.wait_store_value(b"21.0", timeout=10)
+    assert rig.remote_set(b"22.0") == b"+OK\r\n"
+    rig.wait_device(lambda d: d.setpoint == 22.0, timeout=10)
+    assert rig.device_writes() == [22.0]
+    assert active.proc.poll() is None
