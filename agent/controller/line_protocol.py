@@ -106,10 +106,11 @@ def salvage_reply(line: bytes) -> Frame | None:
     that is a corrupted reply, not noise.
     """
     content = line.rstrip(b"\r\n")
-    # A reply starts with an upper-case keyword; try each such position, earliest first,
-    # so that a prefix of line noise is skipped. The checksum makes a false match unlikely.
+    # A reply starts with an upper-case keyword or an address prefix (@); try each such
+    # position, earliest first, so that a prefix of line noise is skipped. The checksum
+    # makes a false match unlikely.
     for start, byte in enumerate(content):
-        if 0x41 <= byte <= 0x5A:
+        if 0x41 <= byte <= 0x5A or byte == 0x40:
             try:
                 return decode_line(content[start:], require_checksum=True)
             except FramingError:
@@ -166,6 +167,43 @@ class LineSplitter:
     def clear(self) -> None:
         self._buffer.clear()
         self._overlong = False
+
+
+# --- addresses (multi-drop lines) -------------------------------------------------------
+
+MIN_ADDRESS = 1
+MAX_ADDRESS = 247
+_ADDRESS_PREFIX = re.compile(r"@([0-9]+) ")
+
+
+def with_address(address: int | None, payload: str) -> str:
+    """`@<n> payload` for the device at address n; the payload alone point to point."""
+    if address is None:
+        return payload
+    check_address(address)
+    return f"@{address} {payload}"
+
+
+def split_address(payload: str) -> tuple[int | None, str]:
+    """(address, rest) of a payload: (None, payload) when it has no `@<n> ` prefix.
+
+    Raises ProtocolError for a prefix that is malformed or out of range.
+    """
+    if not payload.startswith("@"):
+        return None, payload
+    match = _ADDRESS_PREFIX.match(payload)
+    if match is None:
+        raise ProtocolError(f"malformed address prefix: {payload!r}")
+    address = int(match.group(1))
+    if not MIN_ADDRESS <= address <= MAX_ADDRESS or match.group(1).startswith("0"):
+        raise ProtocolError(f"address out of range {MIN_ADDRESS}..{MAX_ADDRESS}: {payload!r}")
+    return address, payload[match.end() :]
+
+
+def check_address(address: int) -> int:
+    if not MIN_ADDRESS <= address <= MAX_ADDRESS:
+        raise ValueError(f"address {address} is out of range {MIN_ADDRESS}..{MAX_ADDRESS}")
+    return address
 
 
 # --- numbers ---------------------------------------------------------------------------

@@ -253,3 +253,45 @@ def test_state_replies_round_trip(
     line = lp.encode_line(lp.format_reply(reply))
     frame = lp.decode_line(line, require_checksum=True)
     assert lp.parse_reply(frame.payload) == reply
+
+
+# --- addressed mode ------------------------------------------------------------------
+
+
+def test_addressed_payloads_round_trip() -> None:
+    assert lp.with_address(3, "GET SP") == "@3 GET SP"
+    assert lp.with_address(None, "GET SP") == "GET SP"
+    assert lp.split_address("@3 SP 21.5") == (3, "SP 21.5")
+    assert lp.split_address("@247 OK SP 20.0") == (247, "OK SP 20.0")
+    assert lp.split_address("SP 21.5") == (None, "SP 21.5")
+
+
+@pytest.mark.parametrize(
+    "payload",
+    ["@0 GET SP", "@248 GET SP", "@x GET SP", "@3GET SP", "@ 3 X", "@03 GET SP", "@-1 GET SP"],
+)
+def test_bad_address_prefixes(payload: str) -> None:
+    with pytest.raises(lp.ProtocolError):
+        lp.split_address(payload)
+
+
+def test_with_address_rejects_out_of_range() -> None:
+    for bad in (0, 248, -1):
+        with pytest.raises(ValueError):
+            lp.with_address(bad, "GET SP")
+
+
+def test_addressed_reply_is_salvaged_from_noise_and_checksummed_whole() -> None:
+    line = lp.encode_line("@12 SP 21.5")
+    assert line == b"@12 SP 21.5*" + b"%02X" % lp.checksum(b"@12 SP 21.5") + b"\r\n"
+    frame = lp.salvage_reply(b"\x00\xfe" + line)
+    assert frame is not None and frame.payload == "@12 SP 21.5"
+    # The prefix is covered by the checksum.
+    tampered = line.replace(b"@12", b"@13")
+    with pytest.raises(lp.ChecksumError):
+        lp.decode_line(tampered, require_checksum=True)
+
+
+@given(st.one_of(st.none(), st.integers(1, 247)), st.sampled_from(["GET SP", "SP 21.5", "OK"]))
+def test_address_round_trip_property(address: int | None, payload: str) -> None:
+    assert lp.split_address(lp.with_address(address, payload)) == (address, payload)
