@@ -1,0 +1,249 @@
+"""The bus schedule: which transaction goes on the line next. Pure: time is passed in.
+
+One master, one transaction at a time. In order of precedence:
+
+1. Urgent work (a remote change being applied: its read, its write), first come first
+   served. A write to a device never follows its previous write sooner than the device's
+   least write interval (its EEPROM), and a new write to a device replaces one still
+   waiting: pending writes collapse to the latest.
+2. Probes of quarantined devices, when due.
+3. Routine polls, round the devices: a cycle reads every available device once, and a new
+   cycle starts every poll interval, or at once when the line is slower than that.
+
+A device that does not answer costs at most one reply timeout per cycle; after
+`quarantine_after` timeouts in a row it is quarantined: left out of the cycles and probed,
+every `probe_initial_s` at first, backing off to `probe_max_s`, until it answers again.
+Urgent work for a quarantined device is refused at once rather than spend a timeout on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_QUARANTINE_AFTER = 2
+DEFAULT_PROBE_INITIAL_S = 30.0
+DEFAULT_PROBE_MAX_S = 300.0
+
+
+class Kind(enum.Enum):
+    READ = "read"  # the controller's state
+    LIMITS = "limits"  # the set points it accepts
+    WRITE = "write"  # a set point, read back
+    POLL = "poll"  # a routine read (the schedule makes these itself)
+    PROBE = "probe"  # a read of a quarantined device
+
+
+class Outcome(enum.Enum):
+    OK = "ok"
+    TIMEOUT = "timeout"  # no answer: counts towards quarantine
+    ERROR = "error"  # an answer, but a wrong one (checksum, nonsense): the device is there
+    LINE_DOWN = "line down"  # the port itself failed: no device is to blame
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Op:
+    """One transaction to put on the line. Identity matters: each is its own request."""
+
+    device: str
+    kind: Kind
+    value: float | None = None
+    number: int = field(default_factory=itertools.count().__next__)
+
+
+class Refused(Exception):
+    """The schedule will not put this on the line (the device is quarantined)."""
+
+
+@dataclass
+class _Device:
+    name: str
+    min_write_interval_s: float
+    last_write_at: float | None = None
+    timeouts_in_a_row: int = 0
+    quarantined: bool = False
+    probe_at: float = 0.0
+    probe_delay_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A device left or rejoined the cycles."""
+
+    device: str
+    available: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a finished transaction changed: a device left or rejoined the cycles, and the
+    urgent work refused because its device was quarantined (to be failed by the caller)."""
+
+    change: Change | None = None
+    refused: tuple[Op, ...] = ()
+
+
+class BusSchedule:
+    def __init__(
+        self,
+        devices: Sequence[str],
+        *,
+        poll_interval_s: float,
+        min_write_interval_s: Mapping[str, float] | float = 0.0,
+        quarantine_after: int = DEFAULT_QUARANTINE_AFTER,
+        probe_initial_s: float = DEFAULT_PROBE_INITIAL_S,
+        probe_max_s: float = DEFAULT_PROBE_MAX_S,
+        now: float = 0.0,
+    ) -> None:
+        if len(set(devices)) != len(devices):
+            raise ValueError("device names must be unique")
+        if poll_interval_s <= 0 or quarantine_after < 1:
+            raise ValueError("need a positive poll interval and quarantine_after >= 1")
+        if not 0 < probe_initial_s <= probe_max_s:
+            raise ValueError("need 0 < probe_initial_s <= probe_max_s")
+        intervals = (
+            min_write_interval_s
+            if isinstance(min_write_interval_s, Mapping)
+            else dict.fromkeys(devices, min_write_interval_s)
+        )
+        self._devices = {name: _Device(name, intervals.get(name, 0.0)) for name in devices}
+        self._order = list(devices)
+        self.poll_interval_s = poll_interval_s
+        self.quarantine_after = quarantine_after
+        self.probe_initial_s = probe_initial_s
+        self.probe_max_s = probe_max_s
+        self._urgent: deque[Op] = deque()
+        self._cycle: deque[str] = deque()
+        self._cycle_due_at = now
+        self._cycle_started_at: float | None = None
+        self.last_cycle_s: float | None = None
+        """How long the last complete poll cycle took, start to end."""
+        self.cycles = 0
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def devices(self) -> list[str]:
+        return list(self._order)
+
+    def quarantined(self, device: str) -> bool:
+        return self._devices[device].quarantined
+
+    def pending(self) -> list[Op]:
+        return list(self._urgent)
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, op: Op) -> Op | None:
+        """Queue urgent work; returns the write it replaces, if any (now superseded).
+
+        Raises Refused for a quarantined device, KeyError for an unknown one.
+        """
+        device = self._devices[op.device]
+        if op.kind in (Kind.POLL, Kind.PROBE):
+            raise ValueError("polls and probes are the schedule's own")
+        if device.quarantined:
+            raise Refused(f"{op.device} is quarantined (not answering)")
+        if op.kind is Kind.WRITE:
+            for index, queued in enumerate(self._urgent):
+                if queued.device == op.device and queued.kind is Kind.WRITE:
+                    self._urgent[index] = op  # the latest takes the earlier one's turn
+                    return queued
+        self._urgent.append(op)
+        return None
+
+    def withdraw(self, op: Op) -> bool:
+        """Removes urgent work not started yet (its caller gave up)."""
+        try:
+            self._urgent.remove(op)
+        except ValueError:
+            return False
+        return True
+
+    def next(self, now: float) -> Op | float:
+        """The transaction to start now, or the time to look again (new work wakes too)."""
+        wake = float("inf")
+        for op in self._urgent:
+            if op.kind is Kind.WRITE:
+                ready_at = self._write_ready_at(op.device)
+                if ready_at > now:
+                    wake = min(wake, ready_at)
+                    continue
+            self._urgent.remove(op)
+            return op
+        for device in self._devices.values():
+            if device.quarantined:
+                if device.probe_at <= now:
+                    return Op(device.name, Kind.PROBE)
+                wake = min(wake, device.probe_at)
+        if not self._cycle and now >= self._cycle_due_at:
+            self._start_cycle(now)
+        while self._cycle:
+            name = self._cycle.popleft()
+            if not self._devices[name].quarantined:
+                return Op(name, Kind.POLL)
+        self._end_cycle(now)
+        return min(wake, self._cycle_due_at)
+
+    def finished(self, op: Op, outcome: Outcome, now: float) -> Verdict:
+        """Records how a transaction ended."""
+        device = self._devices[op.device]
+        if op.kind is Kind.WRITE and outcome is not Outcome.LINE_DOWN:
+            device.last_write_at = now  # it may have reached the device even so
+        if outcome is Outcome.LINE_DOWN:
+            return Verdict()
+        if outcome is Outcome.TIMEOUT:
+            device.timeouts_in_a_row += 1
+            if device.quarantined:
+                device.probe_delay_s = min(device.probe_delay_s * 2, self.probe_max_s)
+                device.probe_at = now + device.probe_delay_s
+                return Verdict()
+            if device.timeouts_in_a_row < self.quarantine_after:
+                return Verdict()
+            device.quarantined = True
+            device.probe_delay_s = self.probe_initial_s
+            device.probe_at = now + self.probe_initial_s
+            refused = tuple(queued for queued in self._urgent if queued.device == op.device)
+            self._urgent = deque(queued for queued in self._urgent if queued.device != op.device)
+            return Verdict(Change(op.device, available=False), refused)
+        device.timeouts_in_a_row = 0
+        if device.quarantined:
+            device.quarantined = False
+            return Verdict(Change(op.device, available=True))
+        return Verdict()
+
+    def rejoin_all(self, now: float) -> list[Change]:
+        """The line came back (reopened): everyone is given a fresh chance at once."""
+        changes = []
+        for device in self._devices.values():
+            device.timeouts_in_a_row = 0
+            if device.quarantined:
+                device.quarantined = False
+                changes.append(Change(device.name, available=True))
+        self._cycle.clear()
+        self._cycle_due_at = now
+        return changes
+
+    # ------------------------------------------------------------------ internals
+
+    def _write_ready_at(self, name: str) -> float:
+        device = self._devices[name]
+        if device.last_write_at is None:
+            return float("-inf")
+        return device.last_write_at + device.min_write_interval_s
+
+    def _start_cycle(self, now: float) -> None:
+        self._cycle.extend(self._order)
+        self._cycle_started_at = now
+        # The next cycle is due one interval after this one started; if the line is slower
+        # than that, the next starts as soon as this one ends (no backlog builds up).
+        self._cycle_due_at = max(self._cycle_due_at + self.poll_interval_s, now)
+
+    def _end_cycle(self, now: float) -> None:
+        if self._cycle_started_at is not None:
+            self.last_cycle_s = now - self._cycle_started_at
+            self.cycles += 1
+            self._cycle_started_at = None

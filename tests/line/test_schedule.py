@@ -1,0 +1,256 @@
+"""The bus schedule, directly and as a simulated line (hypothesis drives the devices)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.line.schedule import BusSchedule, Change, Kind, Op, Outcome, Refused, Verdict
+from agent.line.timing import LineTiming, bits_per_char, cycle_s
+
+DEVICES = ["t1", "t2", "t3"]
+
+
+def schedule(**options: object) -> BusSchedule:
+    values: dict[str, object] = {"poll_interval_s": 1.0, "min_write_interval_s": 1.0}
+    values.update(options)
+    return BusSchedule(DEVICES, **values)  # type: ignore[arg-type]
+
+
+def test_a_cycle_reads_every_device_once_then_waits_for_the_next() -> None:
+    s = schedule()
+    ops = [s.next(0.0) for _ in DEVICES]
+    assert [(op.device, op.kind) for op in ops] == [(d, Kind.POLL) for d in DEVICES]  # type: ignore[union-attr]
+    for op in ops:
+        assert s.finished(op, Outcome.OK, 0.1) == Verdict()  # type: ignore[arg-type]
+    assert s.next(0.3) == 1.0  # the next cycle is due one interval after this one started
+    assert s.last_cycle_s == pytest.approx(0.3)
+    assert isinstance(s.next(1.0), Op)
+
+
+def test_urgent_work_jumps_the_queue_of_polls() -> None:
+    s = schedule()
+    first = s.next(0.0)
+    assert isinstance(first, Op) and first.kind is Kind.POLL
+    read = Op("t3", Kind.READ)
+    s.submit(read)
+    assert s.next(0.1) is read
+
+
+def test_pending_writes_to_one_device_collapse_to_the_latest() -> None:
+    s = schedule()
+    first, second, other = (
+        Op("t1", Kind.WRITE, 20.0),
+        Op("t1", Kind.WRITE, 21.0),
+        Op("t2", Kind.WRITE, 5),
+    )
+    assert s.submit(first) is None
+    assert s.submit(other) is None
+    assert s.submit(second) is first  # superseded: its caller is told
+    assert s.next(0.0) is second
+    assert s.next(0.0) is other
+
+
+def test_writes_to_a_device_keep_its_least_interval() -> None:
+    s = schedule(min_write_interval_s={"t1": 2.0})
+    write = Op("t1", Kind.WRITE, 20.0)
+    s.submit(write)
+    assert s.next(0.0) is write
+    s.finished(write, Outcome.OK, 0.1)
+    again = Op("t1", Kind.WRITE, 21.0)
+    s.submit(again)
+    polled = s.next(0.2)  # the write waits; polls meanwhile
+    assert isinstance(polled, Op) and polled.kind is Kind.POLL
+    s.finished(polled, Outcome.OK, 0.3)
+    assert s.next(2.1) is again
+
+
+def test_a_silent_device_is_quarantined_probed_with_backoff_and_rejoins() -> None:
+    s = schedule(quarantine_after=2, probe_initial_s=30, probe_max_s=100)
+    now = 0.0
+    timeouts = 0
+    change: Change | None = None
+    while change is None:
+        op = s.next(now)
+        if isinstance(op, float):
+            now = op
+            continue
+        outcome = Outcome.TIMEOUT if op.device == "t2" else Outcome.OK
+        timeouts += outcome is Outcome.TIMEOUT
+        now += 0.5 if outcome is Outcome.TIMEOUT else 0.1
+        change = s.finished(op, outcome, now).change
+    assert change == Change("t2", available=False) and timeouts == 2
+    with pytest.raises(Refused):
+        s.submit(Op("t2", Kind.READ))
+    probes = []
+    while len(probes) < 3:
+        op = s.next(now)
+        if isinstance(op, float):
+            now = op
+            continue
+        if op.kind is Kind.PROBE:
+            probes.append(now)
+            now += 0.5
+            s.finished(op, Outcome.TIMEOUT, now)
+        else:
+            assert op.device != "t2"
+            now += 0.1
+            s.finished(op, Outcome.OK, now)
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps[0] == pytest.approx(60.5, abs=1.1) and gaps[1] == pytest.approx(100.5, abs=1.1)
+    probe = s.next(probes[-1] + 200)
+    while not (isinstance(probe, Op) and probe.kind is Kind.PROBE):
+        assert isinstance(probe, Op)
+        s.finished(probe, Outcome.OK, probes[-1] + 200)
+        probe = s.next(probes[-1] + 200)
+    assert s.finished(probe, Outcome.OK, probes[-1] + 201).change == Change("t2", True)
+
+
+def test_urgent_work_of_a_device_being_quarantined_is_refused() -> None:
+    s = schedule(quarantine_after=1)
+    poll = s.next(0.0)
+    assert isinstance(poll, Op) and poll.device == "t1"
+    waiting = Op("t1", Kind.WRITE, 22.0)
+    s.submit(waiting)
+    verdict = s.finished(poll, Outcome.TIMEOUT, 0.5)
+    assert verdict.change == Change("t1", False) and verdict.refused == (waiting,)
+    assert waiting not in s.pending()
+
+
+def test_a_line_that_comes_back_gives_everyone_a_fresh_chance() -> None:
+    s = schedule(quarantine_after=1)
+    poll = s.next(0.0)
+    assert isinstance(poll, Op)
+    s.finished(poll, Outcome.TIMEOUT, 0.5)
+    assert s.quarantined("t1")
+    assert s.rejoin_all(1.0) == [Change("t1", True)]
+    assert not s.quarantined("t1")
+
+
+def test_unknown_devices_and_own_kinds_are_refused() -> None:
+    s = schedule()
+    with pytest.raises(KeyError):
+        s.submit(Op("nope", Kind.READ))
+    with pytest.raises(ValueError):
+        s.submit(Op("t1", Kind.POLL))
+    with pytest.raises(ValueError):
+        BusSchedule(["a", "a"], poll_interval_s=1)
+
+
+# ------------------------------------------------------------------ a simulated line
+
+
+@dataclass
+class Line:
+    """Devices that answer, time out or garble, on a line where a transaction takes
+    `answer_s` and a timeout `timeout_s`."""
+
+    behaviour: dict[str, str]
+    answer_s: float = 0.05
+    timeout_s: float = 0.3
+    now: float = 0.0
+    log: list[tuple[float, float, Op, Outcome]] = field(default_factory=list)
+
+    def run(self, op: Op) -> Outcome:
+        kind = self.behaviour[op.device]
+        outcome = {"ok": Outcome.OK, "dead": Outcome.TIMEOUT, "garbage": Outcome.ERROR}[kind]
+        start = self.now
+        self.now += self.timeout_s if outcome is Outcome.TIMEOUT else self.answer_s
+        self.log.append((start, self.now, op, outcome))
+        return outcome
+
+
+behaviours = st.lists(
+    st.sampled_from(["ok", "ok", "ok", "dead", "garbage"]), min_size=1, max_size=8
+)
+urgent_work = st.lists(
+    st.tuples(st.floats(0, 20), st.integers(0, 7), st.sampled_from([Kind.READ, Kind.WRITE])),
+    max_size=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(behaviours, urgent_work, st.floats(0.1, 3.0), st.floats(0.0, 2.0))
+def test_the_line_keeps_its_promises(
+    kinds: list[str], work: list[tuple[float, int, Kind]], poll_s: float, write_gap_s: float
+) -> None:
+    names = [f"d{i}" for i in range(len(kinds))]
+    line = Line(dict(zip(names, kinds, strict=True)))
+    s = BusSchedule(
+        names,
+        poll_interval_s=poll_s,
+        min_write_interval_s=write_gap_s,
+        quarantine_after=2,
+        probe_initial_s=5,
+        probe_max_s=20,
+    )
+    arrivals = sorted(
+        ((at, names[i % len(names)], kind) for at, i, kind in work), key=lambda a: a[0]
+    )
+    submitted: dict[int, float] = {}
+    horizon = 60.0
+    while line.now < horizon:
+        while arrivals and arrivals[0][0] <= line.now:
+            _, name, kind = arrivals.pop(0)
+            op = Op(name, kind, 20.0 if kind is Kind.WRITE else None)
+            try:
+                s.submit(op)
+                submitted[op.number] = line.now
+            except Refused:
+                assert s.quarantined(name)
+        nxt = s.next(line.now)
+        if isinstance(nxt, float):
+            line.now = min(nxt, arrivals[0][0] if arrivals else horizon, horizon)
+            continue
+        outcome = line.run(nxt)
+        s.finished(nxt, outcome, line.now)
+
+    per_device: dict[str, list[tuple[float, float, Op, Outcome]]] = defaultdict(list)
+    for entry in line.log:
+        per_device[entry[2].device].append(entry)
+    for name, entries in per_device.items():
+        writes = [end for _, end, op, _ in entries if op.kind is Kind.WRITE]
+        # A device's writes keep its least interval (measured end to start).
+        starts = [start for start, _, op, _ in entries if op.kind is Kind.WRITE]
+        for previous_end, start in zip(writes, starts[1:], strict=False):
+            assert start >= previous_end + write_gap_s - 1e-9
+        if line.behaviour[name] == "dead":
+            # Quarantined after two timeouts; from then on only probes, ever further apart.
+            probes = [start for start, _, op, _ in entries if op.kind is Kind.PROBE]
+            non_probes = [e for e in entries if e[2].kind is not Kind.PROBE]
+            assert len(non_probes) <= 2
+            gaps = [b - a for a, b in itertools.pairwise(probes)]
+            assert all(g >= 5 - 1e-9 for g in gaps)
+        else:
+            # Every answering device is polled at least once per interval (or per cycle of
+            # the line, when the line is slower), unless urgent work kept the line busy.
+            polls = [start for start, _, op, _ in entries if op.kind is Kind.POLL]
+            assert polls, f"{name} never polled"
+    # Urgent work never waits behind a routine poll: once submitted it goes next (writes
+    # only wait for their own device's interval).
+    for start, _, op, _ in line.log:
+        if op.number in submitted and op.kind is Kind.READ:
+            queued_at = submitted[op.number]
+            polls_between = [
+                e for e in line.log if queued_at <= e[0] < start and e[2].kind is Kind.POLL
+            ]
+            # At most the one transaction already on the line when it came.
+            assert len(polls_between) <= 1
+
+
+def test_timing_of_a_line() -> None:
+    modbus = LineTiming(9600, bits_per_char(8, "E", 1), turnaround_s=0.0)
+    assert modbus.bits_per_char == 11
+    assert modbus.silent_s == pytest.approx(3.5 * 11 / 9600)
+    assert LineTiming(38400, 11, 0.0).silent_s == pytest.approx(0.00175)
+    line = LineTiming(9600, bits_per_char(8, "N", 1), turnaround_s=0.0, extra_gap_s=0.01)
+    assert line.chars_s(96) == pytest.approx(0.1)
+    assert line.transaction_s(16, 48) == pytest.approx(64 * 10 / 9600 + line.silent_s)
+    assert cycle_s(line, 32, 16, 48) == pytest.approx(32 * line.transaction_s(16, 48))
+    assert line.reply_timeout_s(80) == pytest.approx(2 * 80 * 10 / 9600)
+    assert LineTiming(115200, 10, 0.0).reply_timeout_s(10) == 0.05
