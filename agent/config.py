@@ -12,9 +12,11 @@ Secrets are ``SecretStr``: they print as ``**********`` in reprs, logs and ``mod
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Self
 
@@ -22,12 +24,18 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 ENV_PREFIX = "AGENT_"
 ENV_NESTED_DELIMITER = "__"
@@ -206,8 +214,13 @@ def setting_errors(exc: ValidationError, *, within: tuple[str, ...] = ()) -> lis
     lines = []
     for error in exc.errors():
         path = [*within, *(str(part) for part in error["loc"])]
-        variable = ENV_PREFIX + ENV_NESTED_DELIMITER.join(path).upper() if path else "settings"
+        # A list (AGENT_DEVICES) is one variable: its items are not variables of their own.
+        named = path[: next((i for i, part in enumerate(path) if part.isdigit()), len(path))]
+        variable = ENV_PREFIX + ENV_NESTED_DELIMITER.join(named).upper() if named else "settings"
         message = error["msg"].removeprefix("Value error, ")
+        if not path and message.startswith(ENV_PREFIX):
+            lines.append(message)  # a check across settings names its variables itself
+            continue
         lines.append(f"{variable} ({'.'.join(path) or 'settings'}): {message}")
     return lines
 
@@ -235,16 +248,31 @@ class SerialSettings(BaseModel):
     parity: Literal["N", "E", "O"] = "N"
     bytesize: Annotated[int, Field(ge=7, le=8)] = 8
     stopbits: Annotated[int, Field(ge=1, le=2)] = 1
-    reply_timeout_s: Annotated[float, Field(gt=0, le=30)] = Field(
-        default=0.5, description="How long to wait for the controller's reply."
+    reply_timeout_s: Annotated[float, Field(gt=0, le=30)] | None = Field(
+        default=None,
+        description="How long to wait for a controller's reply (default: from the baud "
+        "rate and the protocol's turnaround, a few hundred milliseconds).",
+    )
+    extra_gap_s: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.0,
+        description="Quiet time added to the silent interval between transactions, for "
+        "slow devices.",
+    )
+    lock_dir: Path | None = Field(
+        default=Path("/run/lock"),
+        description="Where a local port is claimed, so that two lines on this gateway never "
+        "open the same port (empty: no claim).",
     )
     min_write_interval_s: Annotated[float, Field(ge=0)] = Field(
         default=1.0, description="Least time between two writes (spares the EEPROM)."
     )
     poll_interval_s: Annotated[float, Field(gt=0)] = Field(
-        default=1.0, description="How often the controller is read for local changes."
+        default=1.0,
+        description="How often every controller is read for local changes (one poll cycle).",
     )
-    modbus_unit_id: Annotated[int, Field(ge=1, le=247)] = 1
+    modbus_unit_id: Annotated[int, Field(ge=1, le=247)] = Field(
+        default=1, description="The unit id of a single device (AGENT_DEVICES gives each its own)."
+    )
     modbus_setpoint_register: Annotated[int, Field(ge=0, le=65535)] = 0
     modbus_temperature_register: Annotated[int, Field(ge=0, le=65535)] = 1
     modbus_scale: Annotated[float, Field(gt=0)] = Field(
@@ -294,45 +322,65 @@ class TelemetrySettings(BaseModel):
         default=10.0, description="How often telemetry is published."
     )
     topic: str = Field(
-        default="devices/{device}/telemetry", description="Topic; {device} is replaced."
+        default="devices/{device}/telemetry",
+        description="Each device's topic; {device} is replaced.",
+    )
+    line_topic: str = Field(
+        default="lines/{line}/telemetry",
+        description="The line's own topic (its transactions, errors, cycle time); {line} "
+        "is replaced.",
     )
     jitter_s: Annotated[float, Field(ge=0)] = Field(
         default=1.0, description="Random delay added to each publication."
     )
 
-    @field_validator("topic")
+    @field_validator("topic", "line_topic")
     @classmethod
     def _valid_topic(cls, value: str) -> str:
         if not value or "+" in value or "#" in value:
             raise ValueError("must be a topic name without wildcards")
         try:
-            value.format(device="d")
+            value.format(device="d", line="l")
         except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"only {{device}} may be substituted ({exc})") from None
+            raise ValueError(f"only {{device}} and {{line}} may be substituted ({exc})") from None
         return value
 
 
 class KeySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    setpoint: str = Field(default="{device}\\setPoint", description="Key of the set point.")
-    lock: str = Field(default="{device}\\lock", description="Key of the pair's lock.")
+    setpoint: str = Field(default="{device}\\setPoint", description="Key of a set point.")
     synced: str = Field(
         default="{device}\\synced",
-        description="Key of the sync record: what the active last had on the controller.",
+        description="Key of a device's sync record: what the active last had on it.",
     )
+    line: str = Field(
+        default="{device}\\line",
+        description="Key naming a device's line, for writers who know only the device.",
+    )
+    lock: str = Field(default="{line}\\lock", description="Key of the pair's lock, one per line.")
 
     @model_validator(mode="after")
     def _distinct(self) -> Self:
-        names = ("setpoint", "lock", "synced")
-        for name in names:
+        per_device = ("setpoint", "synced", "line")
+        for name in (*per_device, "lock"):
             try:
-                getattr(self, name).format(device="d")
+                getattr(self, name).format(device="d", line="l")
             except (KeyError, IndexError, ValueError):
-                raise ValueError(f"keys.{name}: only {{device}} may be substituted") from None
+                raise ValueError(
+                    f"keys.{name}: only {{device}} and {{line}} may be substituted"
+                ) from None
+        for name in per_device:
+            if "{device}" not in getattr(self, name):
+                raise ValueError(f"keys.{name} must contain {{device}}: one key per device")
+        names = (*per_device, "lock")
         if len({getattr(self, name) for name in names}) < len(names):
-            raise ValueError("keys.setpoint, keys.lock and keys.synced must differ")
+            raise ValueError("keys.setpoint, keys.synced, keys.line and keys.lock must differ")
         return self
+
+    def of(self, name: str, *, device: str, line: str) -> str:
+        template: str = getattr(self, name)
+        return template.format(device=device, line=line)
 
 
 class _CredentialsSource(PydanticBaseSettingsSource):
@@ -367,6 +415,80 @@ def _default_state_dir() -> Path:
     return Path(state.split(":")[0]) if state else Path("/var/lib/agent")
 
 
+MAX_UNIT_LOADS = 32
+"""RS-485 drives 32 unit loads per segment: more devices than that is worth a warning."""
+
+
+class ModbusOverrides(BaseModel):
+    """A device whose registers differ from the line's (AGENT_SERIAL__MODBUS_*)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    setpoint_register: Annotated[int, Field(ge=0, le=65535)] | None = None
+    temperature_register: Annotated[int, Field(ge=0, le=65535)] | None = None
+    scale: Annotated[float, Field(gt=0)] | None = None
+    signed: bool | None = None
+    read_function: Annotated[int, Field(ge=3, le=4)] | None = None
+    write_function: Literal[6, 16] | None = None
+
+
+class DeviceSettings(BaseModel):
+    """One controller on the line: `id@address` in AGENT_DEVICES, or an object in its JSON
+    form (or in the file AGENT_DEVICES_FILE) for one that differs from the others."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    address: Annotated[int, Field(ge=1, le=247)] | None = None
+    min_write_interval_s: Annotated[float, Field(ge=0)] | None = None
+    modbus: ModbusOverrides | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        return check_id(value)
+
+
+def check_id(value: str) -> str:
+    if not _DEVICE_ID.fullmatch(value):
+        raise ValueError(
+            f"{value!r}: use letters, digits and . _ : - (no spaces, '/', '+', '#' or '@'), "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def parse_devices(value: object) -> object:
+    """`id@address,id@address` or a JSON array, as AGENT_DEVICES gives them."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text:
+        return None
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a JSON array of devices: {exc}") from None
+    devices = []
+    for entry in text.split(","):
+        name, at, address = entry.strip().partition("@")
+        if not at or not name or not address.strip().isdigit():
+            raise ValueError(f"{entry.strip()!r}: expected id@address, e.g. floor3-t01@1")
+        devices.append({"id": name, "address": int(address)})
+    return devices
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """The line this agent serves and its devices, from the settings."""
+
+    id: str
+    devices: tuple[DeviceSettings, ...]
+    single: bool
+    """Configured as one device (AGENT_DEVICE_ID): keys and lock as for a device."""
+
+
 class AgentSettings(BaseSettings):
     """Everything the agent reads: environment (AGENT_...), an env file, credentials, flags."""
 
@@ -377,14 +499,30 @@ class AgentSettings(BaseSettings):
         hide_input_in_errors=True,
     )
 
-    device_id: str = Field(description="The device this pair of instances serves.")
+    line_id: str | None = Field(
+        default=None,
+        description="The line this pair of instances serves, the same on both gateways "
+        "(default: the device id of a single device).",
+    )
+    devices: Annotated[list[DeviceSettings] | None, NoDecode] = Field(
+        default=None,
+        description="The devices on the line: id@address separated by commas "
+        "(floor3-t01@1,floor3-t02@2), or a JSON array of objects (id, address, "
+        "min_write_interval_s, modbus: {setpoint_register, ...}).",
+    )
+    devices_file: Path | None = Field(
+        default=None, description="A JSON file holding the devices, instead of AGENT_DEVICES."
+    )
+    device_id: str | None = Field(
+        default=None, description="A single device on its own line (instead of AGENT_DEVICES)."
+    )
     instance_id: str = Field(
         default_factory=socket.gethostname,
         description="This instance, unique within the pair (default: the host name).",
     )
     state_dir: Path = Field(
         default_factory=_default_state_dir,
-        description="Where the last synced state is kept ($STATE_DIRECTORY under systemd).",
+        description="Where the last synced states are kept ($STATE_DIRECTORY under systemd).",
     )
     reconcile_interval_s: Annotated[float, Field(gt=0)] = Field(
         default=60.0, description="How often store and controller are compared as a safety net."
@@ -395,6 +533,7 @@ class AgentSettings(BaseSettings):
     serial: SerialSettings = Field(default_factory=SerialSettings)
     lock: LockSettings = Field(default_factory=LockSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    _line: Line | None = PrivateAttr(default=None)
 
     @classmethod
     def settings_customise_sources(
@@ -408,32 +547,117 @@ class AgentSettings(BaseSettings):
         # Flags, then the environment, then the env file, then credential files.
         return (init_settings, env_settings, dotenv_settings, _CredentialsSource(settings_cls))
 
-    @field_validator("device_id", "instance_id")
+    @field_validator("line_id", "device_id", "instance_id")
     @classmethod
-    def _valid_id(cls, value: str) -> str:
-        if not _DEVICE_ID.fullmatch(value):
-            raise ValueError(
-                "use letters, digits and . _ : - (no spaces, '/', '+' or '#'), starting with "
-                "a letter or digit"
-            )
+    def _valid_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_id(value)
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _parse_devices(cls, value: object) -> object:
+        return parse_devices(value)
+
+    @field_validator("devices")
+    @classmethod
+    def _distinct_devices(cls, value: list[DeviceSettings] | None) -> list[DeviceSettings] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("no devices given")
+        check_devices(value)
         return value
+
+    @field_validator("devices_file")
+    @classmethod
+    def _devices_file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"file not found: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_line(self) -> Self:
+        self._line = resolve_line(self)
+        return self
+
+    @property
+    def line(self) -> Line:
+        assert self._line is not None
+        return self._line
 
     @property
     def client_id(self) -> str:
-        return self.mqtt.client_id or default_client_id(self.device_id, self.instance_id)
-
-    @property
-    def setpoint_key(self) -> str:
-        return self.keys.setpoint.format(device=self.device_id)
+        return self.mqtt.client_id or default_client_id(self.line.id, self.instance_id)
 
     @property
     def lock_key(self) -> str:
-        return self.keys.lock.format(device=self.device_id)
+        return self.keys.lock.format(line=self.line.id, device=self.line.id)
+
+    def key(self, name: str, device: str) -> str:
+        """A device's key: `setpoint`, `synced` or `line`."""
+        return self.keys.of(name, device=device, line=self.line.id)
 
     @property
-    def record_key(self) -> str:
-        return self.keys.synced.format(device=self.device_id)
+    def telemetry_line_topic(self) -> str:
+        return self.telemetry.line_topic.format(line=self.line.id, device=self.line.id)
 
-    @property
-    def telemetry_topic(self) -> str:
-        return self.telemetry.topic.format(device=self.device_id)
+    def telemetry_topic(self, device: str) -> str:
+        return self.telemetry.topic.format(device=device, line=self.line.id)
+
+
+def check_devices(devices: list[DeviceSettings]) -> None:
+    """Raises ValueError for ids or addresses given twice, or a missing address."""
+    seen_ids: dict[str, int] = {}
+    seen_addresses: dict[int, str] = {}
+    for device in devices:
+        if device.id in seen_ids:
+            raise ValueError(f"device {device.id} is given twice")
+        seen_ids[device.id] = 1
+        if device.address is None:
+            if len(devices) > 1:
+                raise ValueError(f"device {device.id} has no address (id@address)")
+            continue
+        if device.address in seen_addresses:
+            raise ValueError(
+                f"address {device.address} is given to both {seen_addresses[device.address]} "
+                f"and {device.id}"
+            )
+        seen_addresses[device.address] = device.id
+
+
+class LineConfigError(ValueError):
+    """Settings that do not describe one line; the message names the variables."""
+
+
+def resolve_line(settings: AgentSettings) -> Line:
+    if settings.devices is not None and settings.devices_file is not None:
+        raise LineConfigError(
+            "AGENT_DEVICES and AGENT_DEVICES_FILE are both set: give the devices once"
+        )
+    devices = settings.devices
+    if settings.devices_file is not None:
+        try:
+            raw = parse_devices(settings.devices_file.read_text())
+            devices = [DeviceSettings.model_validate(entry) for entry in raw]  # type: ignore[union-attr]
+            check_devices(devices)
+        except (OSError, ValueError, TypeError) as exc:
+            raise LineConfigError(f"AGENT_DEVICES_FILE ({settings.devices_file}): {exc}") from None
+    if devices is not None:
+        if settings.device_id is not None:
+            raise LineConfigError(
+                "AGENT_DEVICE_ID and AGENT_DEVICES are both set: a line's devices are "
+                "AGENT_DEVICES (AGENT_DEVICE_ID is for a single device)"
+            )
+        if settings.line_id is None:
+            raise LineConfigError(
+                "AGENT_LINE_ID (line_id): required with AGENT_DEVICES: the line's name, "
+                "the same on both gateways"
+            )
+        return Line(settings.line_id, tuple(devices), single=False)
+    device_id = settings.device_id or settings.line_id
+    if device_id is None:
+        raise LineConfigError(
+            "AGENT_DEVICES (devices): required: the devices on the line, e.g. "
+            "floor3-t01@1,floor3-t02@2 (or AGENT_DEVICE_ID for a single device)"
+        )
+    single = DeviceSettings(id=device_id)
+    return Line(settings.line_id or device_id, (single,), single=True)

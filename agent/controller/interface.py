@@ -81,6 +81,14 @@ class ControllerError(ControllerFault):
     """The controller answered, but refused the request or answered nonsense."""
 
 
+class SetpointRejected(ControllerError):
+    """The controller refused the set point (its limits may have changed)."""
+
+
+class WriteNotAllowed(ControllerError):
+    """The caller's `allowed` check said no at the last moment; nothing was written."""
+
+
 class InvalidSetpoint(ValueError):
     """A set point that is not a finite number within the limits. Nothing was written."""
 

@@ -1,38 +1,34 @@
 """The Modbus RTU driver: a thermostat or HVAC controller on RS-485, through pymodbus.
 
 pymodbus is an optional extra (`pip install 'agent[modbus]'`); it is imported only when
-a ModbusController is created, so the base install works without it. The register
+a ModbusDriver is created, so the base install works without it. The register
 map and the register codec are plain data and functions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import termios
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from agent.controller.base import (
-    DEFAULT_BACKOFF_INITIAL_S,
-    DEFAULT_BACKOFF_MAX_S,
-    DEFAULT_MIN_WRITE_INTERVAL_S,
-    BlockingPortDriver,
-    LinkLost,
-    SetpointRejected,
-)
+from agent.controller.driver import Driver, LinkLost, LinkStats, Unit
 from agent.controller.interface import (
     DEFAULT_LIMITS,
-    AvailabilityCallback,
     ControllerError,
     ControllerState,
     ControllerUnavailable,
     InvalidSetpoint,
     Limits,
     Mode,
+    SetpointRejected,
 )
+from agent.line.timing import LineTiming, bits_per_char
 
 if TYPE_CHECKING:
     from pymodbus.client import ModbusSerialClient
@@ -182,40 +178,51 @@ def plan_reads(registers: Iterable[tuple[int, int]]) -> list[tuple[int, int, int
 
 _PORT_ERRORS: tuple[type[BaseException], ...] = (OSError, termios.error)
 
+TURNAROUND_S = 0.1
+"""How long a Modbus controller may take before it answers (no standard figure; devices
+commonly answer within tens of milliseconds)."""
 
-class ModbusController(BlockingPortDriver):
-    """A controller speaking Modbus RTU, described by a RegisterMap."""
+# Read holding registers, request and reply for two registers: the routine poll.
+POLL_REQUEST_BYTES = 8
+POLL_REPLY_BYTES = 5 + 2 * 2
+LONGEST_REPLY_BYTES = 5 + 2 * _MAX_SPAN
+
+
+class ModbusDriver(Driver):
+    """Controllers speaking Modbus RTU; each unit's `options` is its RegisterMap (its
+    address the unit id), or None for the default map."""
 
     def __init__(
         self,
         url: str,
-        register_map: RegisterMap | None = None,
         *,
         baudrate: int = 19200,
         parity: str = "E",
         bytesize: int = 8,
         stopbits: int = 1,
-        reply_timeout_s: float = 0.5,
-        retries: int = 0,
-        min_write_interval_s: float = DEFAULT_MIN_WRITE_INTERVAL_S,
-        backoff_initial_s: float = DEFAULT_BACKOFF_INITIAL_S,
-        backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
-        on_availability: AvailabilityCallback | None = None,
+        reply_timeout_s: float | None = None,
+        extra_gap_s: float = 0.0,
     ) -> None:
         pymodbus = import_pymodbus()
         if not url:
             raise ValueError("a serial port URL or device path is required")
-        if not reply_timeout_s > 0:
+        if reply_timeout_s is not None and not reply_timeout_s > 0:
             raise ValueError(f"reply_timeout_s must be > 0, not {reply_timeout_s}")
         if not baudrate > 0:
             raise ValueError(f"baudrate must be > 0, not {baudrate}")
-        if retries < 0:
-            raise ValueError(f"retries must be >= 0, not {retries}")
         self.url = url
-        self.map = register_map or RegisterMap()
-        self.reply_timeout_s = reply_timeout_s
+        self.timing = LineTiming(
+            baudrate, bits_per_char(bytesize, parity, stopbits), TURNAROUND_S, extra_gap_s
+        )
+        self.reply_timeout_s = (
+            self.timing.reply_timeout_s(LONGEST_REPLY_BYTES)
+            if reply_timeout_s is None
+            else reply_timeout_s
+        )
         self._exceptions = pymodbus.exceptions
+        self.stats = LinkStats()
         # pymodbus opens the port exclusively itself (exclusive=True, ignored by URLs).
+        # No retries: a unit that does not answer costs one reply timeout, not several.
         self._client: ModbusSerialClient = pymodbus.client.ModbusSerialClient(
             url,
             framer=pymodbus.FramerType.RTU,
@@ -223,47 +230,59 @@ class ModbusController(BlockingPortDriver):
             bytesize=bytesize,
             parity=parity,
             stopbits=stopbits,
-            timeout=reply_timeout_s,
-            retries=retries,
-        )
-        exchange_s = (retries + 1) * (reply_timeout_s + 2 * 256 * 11 / baudrate)
-        super().__init__(
-            name=f"modbus {url} unit {self.map.unit_id}",
-            io_timeout_s=max(2 * exchange_s, 6.0),
-            min_write_interval_s=min_write_interval_s,
-            backoff_initial_s=backoff_initial_s,
-            backoff_max_s=backoff_max_s,
-            on_availability=on_availability,
+            timeout=self.reply_timeout_s,
+            retries=0,
         )
 
-    # --- blocking side (worker thread) ------------------------------------------------
+    @property
+    def poll_frame(self) -> tuple[int, int]:
+        return POLL_REQUEST_BYTES, POLL_REPLY_BYTES
 
-    def _io_open(self) -> None:
+    # --- the port ---------------------------------------------------------------------
+
+    def open(self) -> None:
         self._client.close()  # type: ignore[no-untyped-call]
         if not self._client.connect():
             raise LinkLost(f"cannot open {self.url}")
         log.debug("opened %s", self.url)
 
-    def _io_close(self) -> None:
+    def close(self) -> None:
         try:
             self._client.close()  # type: ignore[no-untyped-call]
         except Exception as exc:  # the port may be gone already
             log.debug("closing %s: %s", self.url, exc)
 
-    def _execute(self, what: str, call: Callable[[], ModbusPDU]) -> ModbusPDU:
+    # --- transactions -----------------------------------------------------------------
+
+    @staticmethod
+    def register_map(unit: Unit) -> RegisterMap:
+        options = unit.options if isinstance(unit.options, RegisterMap) else RegisterMap()
+        if unit.address is not None and unit.address != options.unit_id:
+            options = dataclasses.replace(options, unit_id=unit.address)
+        return options
+
+    def _execute(self, unit: Unit, what: str, call: Callable[[], ModbusPDU]) -> ModbusPDU:
         if not self._client.connected:
             # pymodbus closed the port after an I/O error; reopening is our job.
             raise LinkLost("port closed after an error")
         errors = self._exceptions
+        self.stats.transactions += 1
         try:
             response = call()
         except errors.ConnectionException as exc:
             raise LinkLost(f"{what}: {exc}") from exc
         except errors.ModbusIOException as exc:
+            # No reply in time, or one pymodbus dropped for its CRC: either way nothing
+            # usable came back within the reply timeout.
+            self.stats.timeouts += 1
+            self.stats.per_unit_timeouts[unit.name] = (
+                self.stats.per_unit_timeouts.get(unit.name, 0) + 1
+            )
             raise ControllerUnavailable(
-                f"no reply to {what} within {self.reply_timeout_s} s"
+                f"no reply to {what} within {self.reply_timeout_s:g} s"
             ) from exc
         except errors.ModbusException as exc:
+            self.stats.corrupt_replies += 1
             raise ControllerError(f"{what}: {exc}") from exc
         except _PORT_ERRORS as exc:
             raise LinkLost(f"{what}: {exc}") from exc
@@ -272,9 +291,11 @@ class ModbusController(BlockingPortDriver):
             raise ModbusRefused(f"controller refused {what}: Modbus exception {code}", code)
         return response
 
-    def _read_registers(self, wanted: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    def _read_registers(
+        self, unit: Unit, wanted: list[tuple[int, int]]
+    ) -> dict[tuple[int, int], int]:
         values: dict[tuple[int, int], int] = {}
-        unit = self.map.unit_id
+        unit_id = self.register_map(unit).unit_id
         for function, first, count in plan_reads(wanted):
             read = (
                 self._client.read_holding_registers
@@ -282,7 +303,9 @@ class ModbusController(BlockingPortDriver):
                 else self._client.read_input_registers
             )
             what = f"read of {count} register(s) at {first} (function {function})"
-            response = self._execute(what, partial(read, first, count=count, device_id=unit))
+            response = self._execute(
+                unit, what, partial(read, first, count=count, device_id=unit_id)
+            )
             registers = list(response.registers)
             if len(registers) < count:
                 raise ControllerError(f"{what}: got {len(registers)} registers")
@@ -290,8 +313,8 @@ class ModbusController(BlockingPortDriver):
                 values[(function, first + offset)] = registers[offset]
         return values
 
-    def _io_read_state(self) -> ControllerState:
-        m = self.map
+    def read_state(self, unit: Unit) -> ControllerState:
+        m = self.register_map(unit)
         wanted = [
             (m.read_function, m.setpoint_register),
             (m.status_function, m.temperature_register),
@@ -300,7 +323,7 @@ class ModbusController(BlockingPortDriver):
             wanted.append((m.status_function, m.output_register))
         if m.mode_register is not None:
             wanted.append((m.status_function, m.mode_register))
-        values = self._read_registers(wanted)
+        values = self._read_registers(unit, wanted)
         output: int | None = None
         if m.output_register is not None:
             output = values[(m.status_function, m.output_register)]
@@ -316,52 +339,51 @@ class ModbusController(BlockingPortDriver):
             mode=mode,
         )
 
-    def _io_read_limits(self) -> Limits:
-        m = self.map
+    def read_limits(self, unit: Unit) -> Limits:
+        m = self.register_map(unit)
         if m.limits is not None:
             return m.limits
         assert m.min_register is not None and m.max_register is not None
         assert m.step_register is not None
         registers = (m.min_register, m.max_register, m.step_register)
-        values = self._read_registers([(m.read_function, r) for r in registers])
+        values = self._read_registers(unit, [(m.read_function, r) for r in registers])
         low, high, step = (m.decode(values[(m.read_function, r)]) for r in registers)
         try:
             return Limits(low, high, step)
         except ValueError as exc:
             raise ControllerError(f"nonsense limits: {exc}") from exc
 
-    def _io_read_setpoint(self) -> float:
-        m = self.map
-        values = self._read_registers([(m.read_function, m.setpoint_register)])
+    def read_setpoint(self, unit: Unit) -> float:
+        m = self.register_map(unit)
+        values = self._read_registers(unit, [(m.read_function, m.setpoint_register)])
         return m.decode(values[(m.read_function, m.setpoint_register)])
 
-    def _io_read_temperature(self) -> float:
-        m = self.map
-        values = self._read_registers([(m.status_function, m.temperature_register)])
-        return m.decode(values[(m.status_function, m.temperature_register)])
-
-    def _io_write_setpoint(self, value: float) -> float:
-        m = self.map
+    def write_setpoint(self, unit: Unit, value: float) -> float:
+        """Write, then read the register back (the write's echo is no read-back)."""
+        m = self.register_map(unit)
         raw = m.encode(value)
         what = f"write of {value} to register {m.setpoint_register}"
         try:
             if m.write_function == WRITE_SINGLE:
-                response = self._execute(
+                self._execute(
+                    unit,
                     what,
                     lambda: self._client.write_register(
                         m.setpoint_register, raw, device_id=m.unit_id
                     ),
                 )
-                echoed = list(response.registers)
-                return m.decode(echoed[0]) if echoed else m.decode(raw)
-            self._execute(
-                what,
-                lambda: self._client.write_registers(
-                    m.setpoint_register, [raw], device_id=m.unit_id
-                ),
-            )
+            else:
+                self._execute(
+                    unit,
+                    what,
+                    lambda: self._client.write_registers(
+                        m.setpoint_register, [raw], device_id=m.unit_id
+                    ),
+                )
         except ModbusRefused as exc:
             if exc.exception_code == ILLEGAL_DATA_VALUE:
                 raise SetpointRejected(str(exc)) from exc
             raise
-        return m.decode(raw)
+        # The line is quiet for the silent interval before the next frame.
+        time.sleep(self.timing.silent_s)
+        return self.read_setpoint(unit)

@@ -23,6 +23,7 @@ from agent.runtime.agent import EXIT_CONFIG, Agent
 from agent.runtime.notify import Notifier
 
 SIMULATED_DEVICE = "thermostat-1"
+SIMULATED_LINE = "floor-1"
 
 
 def _is_secret(field: FieldInfo) -> bool:
@@ -68,6 +69,13 @@ def build_parser(subcommands: Sequence[str] = ()) -> argparse.ArgumentParser:
         "state store: everything on this machine",
     )
     parser.add_argument("--pair", action="store_true", help="with --simulate: add a standby")
+    parser.add_argument(
+        "--units",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --simulate: a whole line of N thermostats (addresses 1..N) instead of one",
+    )
     parser.add_argument(
         "--print-config", action="store_true", help="print the effective settings and exit"
     )
@@ -115,7 +123,21 @@ def load_settings(args: argparse.Namespace) -> AgentSettings:
     flags = _flag_settings(args)
     if args.simulate:
         # Sensible defaults for a laptop; anything configured still wins.
-        if not _configured("AGENT_DEVICE_ID", flags, "device_id"):
+        line_given = any(
+            _configured(name, flags, field)
+            for name, field in (
+                ("AGENT_DEVICE_ID", "device_id"),
+                ("AGENT_DEVICES", "devices"),
+                ("AGENT_DEVICES_FILE", "devices_file"),
+                ("AGENT_LINE_ID", "line_id"),
+            )
+        )
+        if not line_given and args.units:
+            flags["line_id"] = SIMULATED_LINE
+            flags["devices"] = ",".join(
+                f"{SIMULATED_LINE}-t{n:02d}@{n}" for n in range(1, args.units + 1)
+            )
+        elif not line_given:
             flags["device_id"] = SIMULATED_DEVICE
         if not _configured("AGENT_INSTANCE_ID", flags, "instance_id"):
             flags["instance_id"] = "a"
@@ -139,8 +161,10 @@ class ConfigError(Exception):
 def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
     parser = build_parser(subcommands)
     args = parser.parse_args(argv)
-    if args.pair and not args.simulate:
-        parser.error("--pair works with --simulate")
+    if (args.pair or args.units) and not args.simulate:
+        parser.error("--pair and --units work with --simulate")
+    if not 0 <= args.units <= 247:
+        parser.error("--units: a line has 1 to 247 addresses")
     if args.env_file is not None and not args.env_file.is_file():
         print(f"agent: --env-file {args.env_file}: no such file", file=sys.stderr)
         return EXIT_CONFIG
@@ -156,10 +180,20 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
     if args.print_config:
         shown = redacted(settings)
         shown["derived"] = {
+            "line_id": settings.line.id,
             "client_id": settings.client_id,
-            "setpoint_key": settings.setpoint_key,
             "lock_key": settings.lock_key,
-            "telemetry_topic": settings.telemetry_topic,
+            "line_telemetry_topic": settings.telemetry_line_topic,
+            "devices": {
+                device.id: {
+                    "address": device.address,
+                    "setpoint_key": settings.key("setpoint", device.id),
+                    "synced_key": settings.key("synced", device.id),
+                    "line_key": settings.key("line", device.id),
+                    "telemetry_topic": settings.telemetry_topic(device.id),
+                }
+                for device in settings.line.devices
+            },
         }
         print(json.dumps(shown, indent=2))
         return 0
@@ -168,7 +202,9 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
         from agent.runtime.simulate import simulate
 
         broker_configured = _configured("AGENT_MQTT__HOST", _flag_settings(args), "mqtt", "host")
-        return asyncio.run(simulate(settings, pair=args.pair, use_broker=broker_configured))
+        return asyncio.run(
+            simulate(settings, pair=args.pair, use_broker=broker_configured, units=args.units)
+        )
     return asyncio.run(_run(settings))
 
 

@@ -16,7 +16,9 @@ from agent.emulator.embedded import EmbeddedStateStore
 from agent.runtime.agent import Agent
 
 
-async def simulate(settings: AgentSettings, *, pair: bool, use_broker: bool) -> int:
+async def simulate(
+    settings: AgentSettings, *, pair: bool, use_broker: bool, units: int = 0
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -37,7 +39,8 @@ async def simulate(settings: AgentSettings, *, pair: bool, use_broker: bool) -> 
         instances.append(other)
 
     host, port = settings.mqtt.host, settings.mqtt.port
-    key = settings.setpoint_key.replace("'", "'\\''")
+    first = settings.line.devices[0].id
+    key = settings.key("setpoint", first).replace("'", "'\\''")
     lock = settings.lock_key.replace("'", "'\\''")
     panel_host, panel_port = device.panel_url.removeprefix("tcp://").rsplit(":", 1)  # type: ignore[union-attr]
     print(

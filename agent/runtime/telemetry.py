@@ -11,11 +11,15 @@ from datetime import UTC, datetime
 
 CONTENT_TYPE = "application/json"
 EVENT_TYPE = "agent.telemetry.v1"
+LINE_EVENT_TYPE = "agent.line.telemetry.v1"
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    """One device, as one instance sees it."""
+
     device: str
+    line: str
     instance: str
     role: str  # active | standby
     setpoint: float | None
@@ -29,14 +33,33 @@ class Snapshot:
     errors: dict[str, int]
 
 
-def build(snapshot: Snapshot, now: datetime | None = None) -> tuple[bytes, list[tuple[str, str]]]:
+@dataclass(frozen=True, slots=True)
+class LineSnapshot:
+    """The line itself: its traffic and health, as the active drives it."""
+
+    line: str
+    instance: str
+    role: str
+    devices: int
+    available: int
+    """Devices answering (not quarantined)."""
+    line_up: bool | None
+    transactions_per_s: float | None
+    cycle_s: float | None
+    errors: dict[str, int]
+
+
+def build(
+    snapshot: Snapshot | LineSnapshot, now: datetime | None = None
+) -> tuple[bytes, list[tuple[str, str]]]:
     """The payload and the CloudEvents user properties of one telemetry message."""
     when = (now or datetime.now(UTC)).isoformat(timespec="milliseconds")
     payload = json.dumps(asdict(snapshot), separators=(",", ":")).encode()
+    subject = snapshot.device if isinstance(snapshot, Snapshot) else f"line/{snapshot.line}"
     properties = [
         ("specversion", "1.0"),
-        ("type", EVENT_TYPE),
-        ("source", f"agent/{snapshot.device}/{snapshot.instance}"),
+        ("type", EVENT_TYPE if isinstance(snapshot, Snapshot) else LINE_EVENT_TYPE),
+        ("source", f"agent/{subject}/{snapshot.instance}"),
         ("id", str(uuid.uuid4())),
         ("time", when.replace("+00:00", "Z")),
     ]

@@ -1,2 +1,3 @@
-"""Set point sync: the pure decisions (`decisions`), the last synced state on disk
-(`state_file`), and the loop that applies them to controller and store (`setpoint`)."""
+"""Set point sync: the pure decisions (`decisions`) and the sync record (`record`), the last
+synced state on disk (`state_file`), and each device's sync (`device`), which carries the
+decisions out on its controller and in the store."""

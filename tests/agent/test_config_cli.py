@@ -119,11 +119,21 @@ def test_env_file_alone_is_a_complete_configuration(tmp_path: Path) -> None:
     config = printed_config("--env-file", str(env_file), env={})
     assert config["device_id"] == "boiler-7"
     assert config["serial"]["baudrate"] == 19200
+    # A single device is a line of its own: its keys and lock are what they always were.
     assert config["derived"] == {
+        "line_id": "boiler-7",
         "client_id": "agent-boiler-7-b",
-        "setpoint_key": "boiler-7\\setPoint",
         "lock_key": "boiler-7\\lock",
-        "telemetry_topic": "devices/boiler-7/telemetry",
+        "line_telemetry_topic": "lines/boiler-7/telemetry",
+        "devices": {
+            "boiler-7": {
+                "address": None,
+                "setpoint_key": "boiler-7\\setPoint",
+                "synced_key": "boiler-7\\synced",
+                "line_key": "boiler-7\\line",
+                "telemetry_topic": "devices/boiler-7/telemetry",
+            }
+        },
     }
 
 
@@ -141,12 +151,11 @@ def test_print_config_masks_the_password_and_shows_derived_keys() -> None:
     assert config["mqtt"]["username"] == "u"
     assert config["mqtt"]["password"] == MASK
     assert config["mqtt"]["tls"]["key_password"] is None
-    assert config["derived"] == {
-        "client_id": "agent-thermostat-1-a",
-        "setpoint_key": "thermostat-1\\setPoint",
-        "lock_key": "thermostat-1\\lock",
-        "telemetry_topic": "devices/thermostat-1/telemetry",
-    }
+    assert config["derived"]["client_id"] == "agent-thermostat-1-a"
+    assert config["derived"]["lock_key"] == "thermostat-1\\lock"
+    device = config["derived"]["devices"]["thermostat-1"]
+    assert device["setpoint_key"] == "thermostat-1\\setPoint"
+    assert device["telemetry_topic"] == "devices/thermostat-1/telemetry"
 
 
 def test_password_from_the_credentials_directory_is_used_and_never_printed(
@@ -185,7 +194,9 @@ def test_help_lists_flags_with_defaults_and_variables_and_no_secret(tmp_path: Pa
     assert result.returncode == 0, result.stderr
     text = " ".join(result.stdout.split())  # argparse wraps at spaces
     for flag, variable, default in (
-        ("--device-id", "AGENT_DEVICE_ID", "required"),
+        ("--device-id", "AGENT_DEVICE_ID", "none"),
+        ("--line-id", "AGENT_LINE_ID", "none"),
+        ("--devices", "AGENT_DEVICES", "none"),
         ("--mqtt-host", "AGENT_MQTT__HOST", "localhost"),
         ("--mqtt-port", "AGENT_MQTT__PORT", "1883"),
         ("--lock-ttl-ms", "AGENT_LOCK__TTL_MS", "3000"),

@@ -76,9 +76,9 @@ def test_remote_change_while_the_agent_is_down_is_applied_at_start(rig: Rig) -> 
 def test_controller_unplug_and_replug(rig: Rig) -> None:
     agent, _ = rig.start_active()
     rig.fault("UNPLUG", 2.0)
-    agent.wait_for_new(re.compile("controller unavailable"))
+    agent.wait_for_new(re.compile("line lost"))
     rig.remote_set(b"25.5")  # cannot be applied now
-    agent.wait_for_new(re.compile("controller available again"), timeout=15)
+    agent.wait_for_new(re.compile("line reopened"), timeout=15)
     rig.wait_device(lambda d: d.setpoint == 25.5, timeout=10)
     assert rig.device_writes() == [25.5]
 

@@ -29,6 +29,7 @@ ERROR_COUNTERS = {
 }
 FIELDS = {
     "device",
+    "line",
     "instance",
     "role",
     "setpoint",
@@ -212,6 +213,7 @@ def test_invalid_remote_value_is_counted(rig: Rig, subscriber: TelemetrySubscrib
 def snapshot(**changes: object) -> telemetry.Snapshot:
     fields: dict[str, object] = {
         "device": "thermostat-1",
+        "line": "thermostat-1",
         "instance": "a",
         "role": "active",
         "setpoint": 21.5,

@@ -3,8 +3,13 @@ and carries out the answer. One operation at a time, so that decisions see a set
 
 It lives as long as the process. While standby it follows the store: the set point values
 it sees and the sync record of the active, so that on takeover it knows what the former
-active last had on the controller. While active it holds the controller and keeps both
-sides equal, writing a sync record after every sync.
+active last had on the controller. While active it holds the controller (its place on the
+bus) and keeps both sides equal, writing a sync record after every sync.
+
+Work arrives in a mailbox with one slot per kind (the newest remote change, the newest
+poll reading that differs, a request to reconcile), served by one task per device: a burst
+of changes to one device collapses to the newest, and devices never wait for each other
+except on the line itself.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from agent.client.errors import FencingTokenLowerVersion, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
 from agent.client.session import SessionError
 from agent.client.statestore import KeyChange, StateStoreClient
-from agent.controller.base import BlockingPortDriver, WriteNotAllowed
 from agent.controller.interface import (
+    Controller,
     ControllerError,
     ControllerFault,
+    ControllerState,
     ControllerUnavailable,
     Limits,
+    WriteNotAllowed,
 )
 from agent.protocol.hlc import Hlc
 from agent.sync import decisions
@@ -67,13 +74,17 @@ class SyncStatus:
 class DeviceKeys:
     setpoint: str
     record: str
+    line: str
+    """Names the device's line, for writers who know only the device."""
+    line_id: str
 
 
-class SetpointSync:
-    """Moves the set point between one controller and one key, as the lock's holder."""
+class DeviceSync:
+    """Moves the set point between one controller and its key, as the lock's holder."""
 
     def __init__(
         self,
+        device_id: str,
         client: StateStoreClient,
         lock: LeasedLock,
         keys: DeviceKeys,
@@ -81,6 +92,7 @@ class SetpointSync:
         log: logging.Logger | logging.LoggerAdapter[logging.Logger],
         may_write: Callable[[], bool],
     ) -> None:
+        self.device_id = device_id
         self.client = client
         self.lock = lock
         self.keys = keys
@@ -90,7 +102,70 @@ class SetpointSync:
         self._may_write = may_write
         self._busy = asyncio.Lock()
         self._seen: deque[Synced] = deque(maxlen=SEEN_WHILE_STANDBY)
-        self.controller: BlockingPortDriver | None = None
+        self.controller: Controller | None = None
+        # The mailbox: the newest of each kind of work, and what wakes the worker.
+        self._remote: KeyChange | None = None
+        self._reading: tuple[float, ControllerState] | None = None
+        self._reconcile_wanted = False
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._last_write_at = float("-inf")
+
+    # ------------------------------------------------------------------ the mailbox
+
+    def start(self) -> None:
+        if self._worker is None:
+            self._worker = asyncio.create_task(self._serve(), name=f"sync {self.device_id}")
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+            self._worker = None
+
+    def remote_changed(self, change: KeyChange) -> None:
+        """A change of the set point key, while active: applied by the worker (a newer one
+        arriving first takes its place)."""
+        self._remote = change
+        self._wake.set()
+
+    def polled(self, state: ControllerState) -> None:
+        """A routine poll's reading: work only if it differs from the last synced value."""
+        if self.controller is None:
+            return
+        self.status.controller = "ok"
+        if decisions.same(state.setpoint, self.status.synced.value):
+            return
+        self._reading = (time.monotonic(), state)
+        self._wake.set()
+
+    def reconcile_soon(self) -> None:
+        """Compare store, controller and last synced state again (after a reconnect, or a
+        controller that answers again)."""
+        self._reconcile_wanted = True
+        self._wake.set()
+
+    async def _serve(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.controller is not None:
+                try:
+                    if self._reconcile_wanted:
+                        self._reconcile_wanted = False
+                        await self.reconcile()
+                    elif self._remote is not None:
+                        change, self._remote = self._remote, None
+                        await self.on_remote_change(change)
+                    elif self._reading is not None:
+                        (at, state), self._reading = self._reading, None
+                        await self._on_reading(at, state)
+                    else:
+                        break
+                except Exception:
+                    # A bug must not end the device's sync: say so and carry on.
+                    self.log.exception("set point sync failed; carrying on")
 
     # ------------------------------------------------------------------ standby
 
@@ -115,7 +190,7 @@ class SetpointSync:
 
     # ------------------------------------------------------------------ taking over
 
-    async def take_over(self, controller: BlockingPortDriver) -> None:
+    async def take_over(self, controller: Controller) -> None:
         """Holds the controller from now on, and brings the three together: what the former
         active last had on the controller (its record, or a value seen in the store since),
         the store, and the controller."""
@@ -124,10 +199,14 @@ class SetpointSync:
             try:
                 record_raw, _ = await self.client.get(self.keys.record)
                 store_raw, store_version = await self.client.get(self.keys.setpoint)
+                line, _ = await self.client.get(self.keys.line)
             except (StateStoreError, SessionError) as exc:
                 self.status.counters.store_errors += 1
                 self.log.warning("takeover: cannot read the store (%s); reconciling later", exc)
+                self.reconcile_soon()
                 return
+            if line != self.keys.line_id.encode():
+                await self._name_the_line()
             record = self._parse_record(record_raw)
             seen = list(self._seen)
 
@@ -143,9 +222,11 @@ class SetpointSync:
             await self._run_locked("takeover", decide)
         self._seen.clear()
 
-    def release(self) -> BlockingPortDriver | None:
-        """Stepping down: hands back the controller (to be closed)."""
+    def release(self) -> Controller | None:
+        """Stepping down: hands back the controller; pending work is dropped (the next
+        active reconciles)."""
         controller, self.controller = self.controller, None
+        self._remote, self._reading, self._reconcile_wanted = None, None, False
         return controller
 
     # ------------------------------------------------------------------ events (active)
@@ -167,7 +248,17 @@ class SetpointSync:
         )
 
     async def poll(self) -> None:
+        """Reads the controller now (urgent) and publishes a local change."""
         await self._run("poll", lambda c: decisions.on_poll(self.status.synced, c))
+
+    async def _on_reading(self, at: float, state: ControllerState) -> None:
+        async with self._busy:
+            if at < self._last_write_at:
+                return  # read before our last write: stale
+            if self.controller is None or not self._may_write():
+                return
+            decision = decisions.on_poll(self.status.synced, state.setpoint)
+            await self._carry_out("poll", decision)
 
     async def reconcile(self) -> None:
         async with self._busy:
@@ -253,9 +344,13 @@ class SetpointSync:
             self.log.info("write of %s withdrawn: no longer active", decision.value)
             return
         except ControllerFault as exc:
+            # It may have reached the controller all the same: readings from before now
+            # cannot tell a local change any more.
+            self._last_write_at = time.monotonic()
             self._controller_fault(exc)
             self.log.warning("could not apply set point %s: %s", decision.value, exc)
             return
+        self._last_write_at = time.monotonic()
         self.log.info(
             "applied remote set point %s to the controller (version %s)",
             readback,
@@ -286,6 +381,16 @@ class SetpointSync:
             "published set point %s to the store (%s, version %s)", value, reason, result.version
         )
         await self._record(value, result.version)
+
+    async def _name_the_line(self) -> None:
+        """`<device>\\line` tells a remote writer which lock fences this device."""
+        try:
+            await self.lock.fenced_set(self.keys.line, self.keys.line_id)
+        except LockNotHeld:
+            pass
+        except (StateStoreError, SessionError) as exc:
+            self.status.counters.store_errors += 1
+            self.log.warning("could not write %s: %s", self.keys.line, exc)
 
     def _controller_fault(self, exc: ControllerFault) -> None:
         if isinstance(exc, ControllerUnavailable):

@@ -1,7 +1,9 @@
-"""The line-protocol driver: the controller on a serial line, through pyserial.
+"""The line-protocol driver: controllers speaking the ASCII line protocol, through pyserial.
 
 Any pyserial URL works: a device path (/dev/ttyUSB0, /dev/serial/by-id/...), opened
-exclusively; socket://host:port and rfc2217://host:port for serial device servers.
+exclusively; socket://host:port and rfc2217://host:port for serial device servers. On a
+multi-drop line each unit has an address and every request carries its `@<n> ` prefix;
+a point-to-point controller (no address) gets plain requests.
 """
 
 from __future__ import annotations
@@ -9,33 +11,29 @@ from __future__ import annotations
 import logging
 import termios
 import time
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import serial  # type: ignore[import-untyped]
 
 from agent.controller import line_protocol as lp
-from agent.controller.base import (
-    DEFAULT_BACKOFF_INITIAL_S,
-    DEFAULT_BACKOFF_MAX_S,
-    DEFAULT_MIN_WRITE_INTERVAL_S,
-    BlockingPortDriver,
-    LinkLost,
-    SetpointRejected,
-)
+from agent.controller.driver import Driver, LinkLost, LinkStats, Unit, is_device_path
 from agent.controller.interface import (
-    AvailabilityCallback,
     ControllerError,
     ControllerState,
     ControllerUnavailable,
     DeviceIdentity,
     Limits,
+    SetpointRejected,
 )
+from agent.line.timing import LineTiming, bits_per_char
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REPLY_TIMEOUT_S = 0.5
-"""The device answers within 200 ms; the rest is margin for a loaded gateway."""
+TURNAROUND_S = 0.2
+"""The device answers within 200 ms (the line protocol's contract)."""
+
+POLL_REQUEST_BYTES = len(lp.encode_line("@247 GET STATE"))
+POLL_REPLY_BYTES = len(lp.encode_line("@247 STATE SP=35.0 T=-10.5 OUT=100 MODE=HEAT"))
 
 R = TypeVar("R", bound=lp.Reply)
 
@@ -44,20 +42,8 @@ R = TypeVar("R", bound=lp.Reply)
 _PORT_ERRORS = (serial.SerialException, OSError, termios.error)
 
 
-@dataclass(slots=True)
-class LinkStats:
-    requests: int = 0
-    bytes_sent: int = 0
-    bytes_received: int = 0
-
-
-def is_device_path(url: str) -> bool:
-    """True for a local device path; False for a pyserial URL such as socket://."""
-    return "://" not in url
-
-
-class SerialController(BlockingPortDriver):
-    """The controller on a serial line, speaking the ASCII line protocol."""
+class LineDriver(Driver):
+    """Controllers on a serial line, speaking the ASCII line protocol."""
 
     def __init__(
         self,
@@ -67,21 +53,23 @@ class SerialController(BlockingPortDriver):
         parity: str = serial.PARITY_NONE,
         bytesize: int = serial.EIGHTBITS,
         stopbits: float = serial.STOPBITS_ONE,
-        reply_timeout_s: float = DEFAULT_REPLY_TIMEOUT_S,
-        min_write_interval_s: float = DEFAULT_MIN_WRITE_INTERVAL_S,
-        backoff_initial_s: float = DEFAULT_BACKOFF_INITIAL_S,
-        backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+        reply_timeout_s: float | None = None,
+        extra_gap_s: float = 0.0,
         exclusive: bool | None = None,
-        on_availability: AvailabilityCallback | None = None,
     ) -> None:
         if not url:
             raise ValueError("a serial port URL or device path is required")
-        if not reply_timeout_s > 0:
+        if reply_timeout_s is not None and not reply_timeout_s > 0:
             raise ValueError(f"reply_timeout_s must be > 0, not {reply_timeout_s}")
         if not baudrate > 0:
             raise ValueError(f"baudrate must be > 0, not {baudrate}")
         self.url = url
-        self.reply_timeout_s = reply_timeout_s
+        self.timing = LineTiming(
+            baudrate, bits_per_char(bytesize, parity, stopbits), TURNAROUND_S, extra_gap_s
+        )
+        self.reply_timeout_s = (
+            self.timing.reply_timeout_s(lp.MAX_LINE) if reply_timeout_s is None else reply_timeout_s
+        )
         # Exclusive open is a flock() on a local tty; URLs have no such thing.
         self.exclusive = is_device_path(url) if exclusive is None else exclusive
         self._settings: dict[str, Any] = {
@@ -89,43 +77,33 @@ class SerialController(BlockingPortDriver):
             "parity": parity,
             "bytesize": bytesize,
             "stopbits": stopbits,
-            "write_timeout": reply_timeout_s,
+            "write_timeout": self.reply_timeout_s,
         }
         if is_device_path(url):
             self._settings["exclusive"] = self.exclusive
         # Catch a bad URL scheme, baud rate or parity now rather than retry it forever.
         serial.serial_for_url(url, do_not_open=True, **self._settings)
-        # Start bit, data bits, parity bit, stop bits: 10 bit times a byte for 8N1.
-        bits = 1 + bytesize + (parity != serial.PARITY_NONE) + stopbits
-        self.line_time_per_byte_s = bits / baudrate
-        # The longest a request can take in the worker: a wait for a quiet line after a
-        # timeout (up to 4 reply timeouts), then its own line time, the reply timeout and
-        # the longest reply. The bound on the worker call is twice that.
-        max_exchange_s = 5 * reply_timeout_s + 2 * lp.MAX_LINE * self.line_time_per_byte_s
-        super().__init__(
-            name=f"controller {url}",
-            # Opening a socket:// URL may take pyserial's own 5 s connect timeout.
-            io_timeout_s=max(2 * max_exchange_s, 6.0),
-            min_write_interval_s=min_write_interval_s,
-            backoff_initial_s=backoff_initial_s,
-            backoff_max_s=backoff_max_s,
-            on_availability=on_availability,
-        )
         self._port: serial.Serial | None = None
         self._splitter = lp.LineSplitter(max_line=4 * lp.MAX_LINE)
         self._late_reply_possible = False
         self.stats = LinkStats()
-        """Requests and bytes on the line, for figures."""
 
-    async def identify(self) -> DeviceIdentity:
-        """The controller's model, firmware and serial number."""
-        reply = await self._call(self._transact, lp.Identify(), lp.IdReply)
-        return DeviceIdentity(reply.model, reply.firmware, reply.serial)
+    @property
+    def poll_frame(self) -> tuple[int, int]:
+        return POLL_REQUEST_BYTES, POLL_REPLY_BYTES
 
-    # --- blocking side (worker thread) ------------------------------------------------
+    @property
+    def worst_case_call_s(self) -> float:
+        # A wait for a quiet line after a timeout (up to 4 reply timeouts), then the
+        # request's own line time, the reply timeout and the longest reply; twice that.
+        exchange = 5 * self.reply_timeout_s + self.timing.chars_s(2 * lp.MAX_LINE)
+        # Opening a socket:// URL may take pyserial's own 5 s connect timeout.
+        return max(2 * exchange, 6.0)
 
-    def _io_open(self) -> None:
-        self._io_close()
+    # --- the port ---------------------------------------------------------------------
+
+    def open(self) -> None:
+        self.close()
         try:
             self._port = serial.serial_for_url(self.url, **self._settings)
         except _PORT_ERRORS as exc:
@@ -133,7 +111,7 @@ class SerialController(BlockingPortDriver):
         self._late_reply_possible = False
         log.debug("opened %s", self.url)
 
-    def _io_close(self) -> None:
+    def close(self) -> None:
         port, self._port = self._port, None
         if port is None:
             return
@@ -147,47 +125,65 @@ class SerialController(BlockingPortDriver):
         if sock is not None:
             sock.close()
 
-    def _io_read_state(self) -> ControllerState:
-        return self._transact(lp.GetState(), lp.StateReply).state
+    def fileno(self) -> int | None:
+        """The open port's descriptor (a tty), for tests that look at it."""
+        return None if self._port is None else self._port.fileno()
 
-    def _io_read_limits(self) -> Limits:
-        return self._transact(lp.GetLimits(), lp.LimitsReply).limits
+    # --- transactions -----------------------------------------------------------------
 
-    def _io_read_setpoint(self) -> float:
-        return self._transact(lp.GetSetpoint(), lp.SetpointReply).value
+    def read_state(self, unit: Unit) -> ControllerState:
+        return self._transact(unit, lp.GetState(), lp.StateReply).state
 
-    def _io_read_temperature(self) -> float:
-        return self._transact(lp.GetTemperature(), lp.TemperatureReply).value
+    def read_limits(self, unit: Unit) -> Limits:
+        return self._transact(unit, lp.GetLimits(), lp.LimitsReply).limits
 
-    def _io_write_setpoint(self, value: float) -> float:
-        return self._transact(lp.SetSetpoint(value), lp.SetpointStored).value
+    def read_setpoint(self, unit: Unit) -> float:
+        return self._transact(unit, lp.GetSetpoint(), lp.SetpointReply).value
 
-    def _transact(self, request: lp.Request, expected: type[R]) -> R:
-        """Send one request and return its reply, of the expected type."""
+    def write_setpoint(self, unit: Unit, value: float) -> float:
+        # `OK SP <value>` is the value as the controller stored it: its read-back.
+        return self._transact(unit, lp.SetSetpoint(value), lp.SetpointStored).value
+
+    def identify(self, unit: Unit) -> DeviceIdentity:
+        reply = self._transact(unit, lp.Identify(), lp.IdReply)
+        return DeviceIdentity(reply.model, reply.firmware, reply.serial)
+
+    def _transact(self, unit: Unit, request: lp.Request, expected: type[R]) -> R:
+        """Send one request to `unit` and return its reply, of the expected type."""
         port = self._port
         if port is None:
             raise LinkLost("port is not open")
-        what = lp.format_request(request)
+        what = lp.with_address(unit.address, lp.format_request(request))
         line = lp.encode_line(what)
         try:
-            # Stale bytes (a late reply, line noise) must not be taken for this reply.
-            if self._late_reply_possible:
+            # Stale bytes (a late reply, line noise) must not be taken for this reply. On
+            # a multi-drop line the address tells a late reply of another unit apart; a
+            # point-to-point controller's late reply can only be waited out.
+            if self._late_reply_possible and unit.address is None:
                 self._wait_for_quiet(port)
             port.reset_input_buffer()
             self._splitter.clear()
             port.write(line)
-            self.stats.requests += 1
+            self.stats.transactions += 1
             self.stats.bytes_sent += len(line)
             log.debug("sent %r", line)
-            frame = self._read_reply(port, what, len(line))
+            payload = self._read_reply(port, unit, what, len(line))
         except ControllerUnavailable:
             self._late_reply_possible = True
+            self.stats.timeouts += 1
+            self.stats.per_unit_timeouts[unit.name] = (
+                self.stats.per_unit_timeouts.get(unit.name, 0) + 1
+            )
+            raise
+        except ControllerError:
+            self.stats.corrupt_replies += 1
             raise
         except _PORT_ERRORS as exc:
             raise LinkLost(str(exc)) from exc
         try:
-            reply = lp.parse_reply(frame.payload)
+            reply = lp.parse_reply(payload)
         except lp.ProtocolError as exc:
+            self.stats.corrupt_replies += 1
             raise ControllerError(f"nonsense reply to {what!r}: {exc}") from exc
         if isinstance(reply, lp.ErrorReply):
             refused = isinstance(request, lp.SetSetpoint) and reply.code == "RANGE"
@@ -213,13 +209,10 @@ class SerialController(BlockingPortDriver):
             log.debug("discarded a late reply %r", chunk)
         self._late_reply_possible = False
 
-    def _read_reply(self, port: serial.Serial, what: str, sent: int) -> lp.Frame:
+    def _read_reply(self, port: serial.Serial, unit: Unit, what: str, sent: int) -> str:
+        """The reply's payload without its address prefix."""
         # The clock starts once the request is on the wire; write() returns earlier.
-        deadline = (
-            time.monotonic()
-            + self.reply_timeout_s
-            + (sent + lp.MAX_LINE) * self.line_time_per_byte_s
-        )
+        deadline = time.monotonic() + self.reply_timeout_s + self.timing.chars_s(sent + lp.MAX_LINE)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -237,6 +230,15 @@ class SerialController(BlockingPortDriver):
                     frame = lp.salvage_reply(line)
                 except lp.FramingError as exc:
                     raise ControllerError(f"corrupted reply to {what!r}: {exc}") from exc
-                if frame is not None:
-                    return frame
-                log.debug("discarded noise %r", line)
+                if frame is None:
+                    log.debug("discarded noise %r", line)
+                    continue
+                try:
+                    address, payload = lp.split_address(frame.payload)
+                except lp.ProtocolError as exc:
+                    raise ControllerError(f"corrupted reply to {what!r}: {exc}") from exc
+                if address != unit.address:
+                    # Another unit's late reply (or a point-to-point reply on a bus).
+                    log.debug("discarded a reply from address %s", address)
+                    continue
+                return payload

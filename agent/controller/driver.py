@@ -1,0 +1,141 @@
+"""What every driver offers: blocking transactions with the controllers on one port.
+
+A driver owns the port (a device path, or a serial device server's `socket://` or
+`rfc2217://` URL) and speaks one protocol to the units on it, each at its address. Its
+methods block: the bus (agent.line.bus) calls them one at a time from its own worker
+thread. They raise LinkLost when the port itself failed, ControllerUnavailable when the
+unit did not answer in time, and ControllerError (SetpointRejected for a refused set point)
+when it answered wrongly; never anything else for a device fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.controller.interface import ControllerState, DeviceIdentity, Limits
+from agent.line.timing import LineTiming
+
+
+class LinkLost(Exception):
+    """The port failed (unplugged, connection dropped): close it and reopen it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One controller's place on the line."""
+
+    name: str
+    address: int | None = None
+    """The line protocol's `@<n>` (None: point to point); the Modbus unit id."""
+    options: Any = None
+    """What else the driver needs for this unit (the Modbus register map)."""
+
+
+@dataclass(slots=True)
+class LinkStats:
+    """What went over the line, for telemetry and figures."""
+
+    transactions: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    timeouts: int = 0
+    corrupt_replies: int = 0
+    """Checksum or CRC errors, and replies that make no sense."""
+    per_unit_timeouts: dict[str, int] = field(default_factory=dict)
+
+
+class Driver(ABC):
+    """One port and the protocol spoken on it. Blocking; one call at a time."""
+
+    url: str
+    timing: LineTiming
+    reply_timeout_s: float
+    stats: LinkStats
+
+    @property
+    @abstractmethod
+    def poll_frame(self) -> tuple[int, int]:
+        """Bytes of a routine poll's request and reply (for the cycle's line time)."""
+
+    @property
+    def worst_case_call_s(self) -> float:
+        """The longest one call may block: the bus's bound on a stuck worker."""
+        return max(6.0, 4 * self.reply_timeout_s)
+
+    @abstractmethod
+    def open(self) -> None:
+        """Open the port (LinkLost if it cannot be)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the port; must not raise."""
+
+    @abstractmethod
+    def read_state(self, unit: Unit) -> ControllerState: ...
+
+    @abstractmethod
+    def read_limits(self, unit: Unit) -> Limits: ...
+
+    @abstractmethod
+    def write_setpoint(self, unit: Unit, value: float) -> float:
+        """Write `value`; return what the controller holds afterwards (its read-back)."""
+
+    def identify(self, unit: Unit) -> DeviceIdentity | None:
+        """The unit's model, firmware and serial number, if the protocol can tell."""
+        return None
+
+
+def is_device_path(url: str) -> bool:
+    """True for a local device path; False for a pyserial URL such as socket://."""
+    return "://" not in url
+
+
+class PortClaim:
+    """A claim on a local serial port for the life of a process, so that two lines
+    configured on one gateway never open the same port (through two names for it).
+
+    An flock()ed file named after the port's real path, in a directory every agent on the
+    gateway shares (/run/lock); the kernel drops the claim when the process ends.
+    """
+
+    def __init__(self, url: str, directory: Path) -> None:
+        self.url = url
+        self.real_path = os.path.realpath(url)
+        digest = hashlib.sha256(self.real_path.encode()).hexdigest()[:16]
+        name = Path(self.real_path).name or "port"
+        self.path = directory / f"agent-{name}-{digest}.lock"
+        self._fd: int | None = None
+
+    def take(self) -> None:
+        """Raises PortTaken when another process holds the claim."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = ""
+            with contextlib.suppress(OSError):
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise PortTaken(
+                f"{self.url} ({self.real_path}) is already served by another agent"
+                + (f" ({holder})" if holder else "")
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class PortTaken(Exception):
+    """Another agent on this gateway serves the same port."""

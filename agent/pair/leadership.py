@@ -1,0 +1,246 @@
+"""Who drives the line: contending for its lock, holding it, and stepping down.
+
+An instance is active only within the lease that made it active, and only once the
+previous lease has provably ended (agent.pair.lock_delay). Renewals overlap, each bounded
+by the lease itself. A loss of any kind (a refused renewal, the local deadline, a fenced
+write rejected) stops the driving first, then the instance contends again; the standby
+contends every renewal period as well, and at once when it sees the lock deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agent.client.errors import StateStoreError
+from agent.client.lock import LeasedLock, LossReason, holder_instance, process_holder
+from agent.client.session import Session, SessionError
+from agent.client.statestore import KeyChange, StateStoreClient
+from agent.pair.lock_delay import LockDelay
+from agent.protocol.hlc import Hlc
+
+log = logging.getLogger("agent")
+
+
+class Role(enum.Enum):
+    STARTING = "starting"
+    STANDBY = "standby"
+    ACTIVE = "active"
+    STOPPING = "stopping"
+
+
+TakeOver = Callable[[], Awaitable[None]]
+StepDown = Callable[[str], Awaitable[None]]
+
+
+class Leadership:
+    def __init__(
+        self,
+        session: Session,
+        client: StateStoreClient,
+        *,
+        lock_key: str,
+        instance_id: str,
+        ttl_ms: int,
+        safety_margin_s: float | None,
+        take_over: TakeOver,
+        step_down: StepDown,
+        spawn: Callable[[Awaitable[Any]], asyncio.Future[Any]],
+    ) -> None:
+        self.session = session
+        self.client = client
+        self.instance_id = instance_id
+        self.lock_key = lock_key
+        self.ttl_ms = ttl_ms
+        self.holder = process_holder(instance_id).encode()
+        self.lock = LeasedLock(client, lock_key, self.holder, safety_margin_s=safety_margin_s)
+        self.lock.on_lost(self._on_lost)
+        self.lock_delay = LockDelay.starting(ttl_ms / 1000, time.monotonic())
+        self.role = Role.STARTING
+        self.losses = 0
+        self._take_over_line = take_over
+        self._step_down_line = step_down
+        self._spawn = spawn
+        self._active_epoch: int | None = None
+        self._role_change = asyncio.Lock()
+        self._renewals: set[asyncio.Future[Any]] = set()
+        self._contender: asyncio.Future[Any] | None = None
+        self._duplicates_reported: set[bytes] = set()
+        self.active_event = asyncio.Event()  # set while active, for tests and --simulate
+
+    # ------------------------------------------------------------------ state
+
+    def may_drive(self) -> bool:
+        """Active, within the lease that made it active, confirmed by the store: writes to
+        the controllers and the store are allowed only then."""
+        return (
+            self.role is Role.ACTIVE
+            and self.lock.held
+            and self.lock.confirmed
+            and self.lock.epoch == self._active_epoch
+        )
+
+    @property
+    def token(self) -> Hlc | None:
+        return self.lock.token if self.role is Role.ACTIVE else None
+
+    # ------------------------------------------------------------------ start, stop
+
+    async def watch(self) -> bytes | None:
+        """Watches the lock; returns its holder now."""
+        holder = await self.lock.observe(self._on_lock_change)
+        self._saw_holder(holder)
+        return holder
+
+    def standing_by(self) -> None:
+        self.role = Role.STANDBY
+
+    async def stop(self) -> bool:
+        """Stops driving; returns whether this instance was active (it should release)."""
+        was_active = self.role is Role.ACTIVE
+        self.role = Role.STOPPING
+        self.active_event.clear()
+        for renewal in self._renewals:
+            renewal.cancel()
+        await asyncio.gather(*self._renewals, return_exceptions=True)
+        return was_active
+
+    async def release(self) -> None:
+        if self.lock.token is None:
+            return
+        try:
+            await self.lock.release(timeout=2)
+            log.info("released the lock")
+        except (StateStoreError, SessionError) as exc:
+            log.warning("could not release the lock (it expires by itself): %s", exc)
+
+    # ------------------------------------------------------------------ contending
+
+    async def contend(self) -> None:
+        if self.role is not Role.STANDBY or self.lock.held:
+            return
+        try:
+            token = await self.lock.try_acquire(self.ttl_ms)
+        except (StateStoreError, SessionError) as exc:
+            log.debug("lock attempt failed: %s", exc)
+            return
+        if token is None:
+            self.lock_delay.seen_held(time.monotonic())  # someone else holds it
+            return
+        await self._take_over(self.lock.epoch, token)
+
+    async def _take_over(self, epoch: int, token: Hlc) -> None:
+        """Drives the line under the lease of `epoch`, once the previous lease has ended."""
+        # Reconnect fast while the lease is held: a slow reconnect would cost the lease.
+        self.session.set_reconnect_ceiling(max(0.05, self.ttl_ms / 12_000))
+        async with self._role_change:
+            wait = self.lock_delay.wait_s(time.monotonic())
+            if wait > 0:
+                log.info("holding the lock; waiting %.1f s for the previous lease to end", wait)
+                await asyncio.sleep(wait)
+            if self.role is not Role.STANDBY or not self.lock.held or self.lock.epoch != epoch:
+                return  # lost meanwhile: the loss handler stepped down already
+            self.role = Role.ACTIVE
+            self._active_epoch = epoch
+            # Takeover state first: reconciled before anything else runs as active.
+            await self._take_over_line()
+            if not self.may_drive():
+                return  # the lease was lost during the takeover; the step-down closes up
+            log.info("became active (fencing token %s)", token)
+            self.active_event.set()
+
+    def _on_lost(self, reason: LossReason) -> None:
+        self._spawn(self.step_down(reason.value))
+
+    async def step_down(self, reason: str) -> None:
+        if not self.lock.held:
+            self.session.set_reconnect_ceiling(None)
+        if self.role is not Role.ACTIVE:
+            return
+        # Writes stop first: may_drive() is false from here on.
+        self.role = Role.STANDBY
+        self._active_epoch = None
+        self.active_event.clear()
+        self.losses += 1
+        log.warning("stepped down to standby: %s", reason)
+        async with self._role_change:
+            await self._step_down_line(reason)
+        await self.contend()
+
+    # ------------------------------------------------------------------ the lease
+
+    async def lease_tick(self) -> None:
+        """Every renewal period: renew while held; otherwise make sure someone contends.
+        (A coroutine: APScheduler runs plain functions on a thread of its own.)"""
+        if self.lock.held:
+            # Not awaited, and bounded by the lease itself: renewals may overlap, so that a
+            # slow link does not skip renewals the store would have granted.
+            renewal = asyncio.ensure_future(self.renew())
+            self._renewals.add(renewal)
+            renewal.add_done_callback(self._renewals.discard)
+        elif self.role is Role.ACTIVE:
+            # An active without a lease is a bug: whatever led here, stop driving.
+            self._spawn(self.step_down("active without a lease"))
+        elif self.role is Role.STANDBY and (self._contender is None or self._contender.done()):
+            # Not awaited: a takeover (the line opened, every device reconciled) must not
+            # hold up the renewals of the lease it has just taken.
+            self._contender = self._spawn(self.contend())
+
+    async def renew(self) -> None:
+        deadline = self.lock.deadline
+        timeout = 0.05 if deadline is None else max(0.05, deadline - time.monotonic())
+        try:
+            await self.lock.renew(timeout=timeout)
+        except (StateStoreError, SessionError) as exc:
+            log.warning("lock renewal failed: %s", exc)
+
+    # ------------------------------------------------------------------ seeing the lock
+
+    def _on_lock_change(self, change: KeyChange) -> None:
+        if change.kind == "SET":
+            self._saw_holder(change.value)
+        elif not change.synthetic:
+            # A live DELETE: released, or expired at the store. The holder stopped first.
+            self.lock_delay.seen_released(time.monotonic())
+            if self.role is Role.STANDBY:
+                self._spawn(self.contend())  # take over now
+
+    def _saw_holder(self, holder: bytes | None) -> None:
+        if holder is None or holder == self.holder:
+            return
+        self.lock_delay.seen_held(time.monotonic())
+        duplicate = holder_instance(holder) == self.instance_id
+        if duplicate and holder not in self._duplicates_reported:
+            self._duplicates_reported.add(holder)
+            log.error(
+                "another process with instance id %s holds the lock %s (%s): instance ids "
+                "must be unique within a pair (a cloned gateway? set AGENT_INSTANCE_ID)",
+                self.instance_id,
+                self.lock_key,
+                holder.decode(errors="replace"),
+            )
+
+    def store_kept_its_contents(self) -> None:
+        """The lock was absent, and a sync record read after it was there.
+
+        Every active writes its records only under the lock delay, so a record that
+        survived proves the store did not forget its contents since the last lease could
+        have been granted: the lock's absence then means that lease expired or was
+        released. No need to wait a TTL (at start, after a link outage) in that case.
+        """
+        self.lock_delay.seen_released(time.monotonic())
+
+    def lost_sight(self) -> None:
+        """Back from a link outage: what happened at the store meanwhile is unknown."""
+        self.lock_delay.lost_sight(time.monotonic())
+        self.lock.doubt()
+
+    async def confirm(self) -> bool:
+        """After a link outage, as active: renew at once; True once the store confirmed the
+        lease (until then nothing is written)."""
+        await self.renew()
+        return self.lock.confirmed and self.may_drive()

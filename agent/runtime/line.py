@@ -1,0 +1,100 @@
+"""The line as configured: its driver, its units, and what is worth warning about."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from agent.config import MAX_UNIT_LOADS, AgentSettings, DeviceSettings
+from agent.controller.driver import Driver, Unit
+from agent.line.timing import cycle_s
+
+log = logging.getLogger("agent")
+
+
+def make_driver(settings: AgentSettings) -> Driver:
+    serial = settings.serial
+    common: dict[str, Any] = {
+        "baudrate": serial.baudrate,
+        "parity": serial.parity,
+        "bytesize": serial.bytesize,
+        "stopbits": serial.stopbits,
+        "reply_timeout_s": serial.reply_timeout_s,
+        "extra_gap_s": serial.extra_gap_s,
+    }
+    if serial.driver == "modbus":
+        from agent.controller.modbus_driver import ModbusDriver
+
+        return ModbusDriver(serial.url, **common)
+    from agent.controller.line_driver import LineDriver
+
+    return LineDriver(serial.url, **common)
+
+
+def make_units(settings: AgentSettings) -> list[Unit]:
+    return [_unit(settings, device) for device in settings.line.devices]
+
+
+def _unit(settings: AgentSettings, device: DeviceSettings) -> Unit:
+    serial = settings.serial
+    if serial.driver != "modbus":
+        return Unit(device.id, device.address)
+    from agent.controller.modbus_driver import RegisterMap
+
+    override = device.modbus
+    chosen: dict[str, Any] = {
+        "setpoint_register": serial.modbus_setpoint_register,
+        "temperature_register": serial.modbus_temperature_register,
+        "scale": serial.modbus_scale,
+        "signed": serial.modbus_signed,
+        "read_function": serial.modbus_read_function,
+        "write_function": serial.modbus_write_function,
+    }
+    if override is not None:
+        chosen.update(override.model_dump(exclude_none=True))
+    unit_id = device.address if device.address is not None else serial.modbus_unit_id
+    register_map = RegisterMap(unit_id=unit_id, status_function=chosen["read_function"], **chosen)
+    return Unit(device.id, unit_id, register_map)
+
+
+def write_intervals(settings: AgentSettings) -> dict[str, float]:
+    default = settings.serial.min_write_interval_s
+    return {
+        device.id: default if device.min_write_interval_s is None else device.min_write_interval_s
+        for device in settings.line.devices
+    }
+
+
+def warn_about(settings: AgentSettings, driver: Driver) -> float:
+    """Logs what makes no sense on a real line; returns the cycle's line time."""
+    devices = len(settings.line.devices)
+    request, reply = driver.poll_frame
+    cycle = cycle_s(driver.timing, devices, request, reply)
+    poll = settings.serial.poll_interval_s
+    log.info(
+        "line %s: %d device(s) at %d baud, a poll cycle takes %.0f ms of line time "
+        "(poll interval %g s, reply timeout %.0f ms)",
+        settings.line.id,
+        devices,
+        driver.timing.baudrate,
+        cycle * 1000,
+        poll,
+        driver.reply_timeout_s * 1000,
+    )
+    if cycle > poll:
+        log.warning(
+            "line %s: a poll cycle (%.2f s of line time) is longer than the poll interval "
+            "(AGENT_SERIAL__POLL_INTERVAL_S=%g): devices are read less often than asked",
+            settings.line.id,
+            cycle,
+            poll,
+        )
+    if devices > MAX_UNIT_LOADS:
+        log.warning(
+            "line %s: %d devices; an RS-485 segment drives %d unit loads (use repeaters or "
+            "1/4 and 1/8 unit load transceivers)",
+            settings.line.id,
+            devices,
+            MAX_UNIT_LOADS,
+        )
+    return cycle
