@@ -97,7 +97,15 @@ def _parse_set_options(options: list[bytes]) -> _SetOptions:
             condition = word
         elif word == b"PX":
             number = next(it, None)
-            if seen_px or number is None or not number.isdigit() or int(number) <= 0:
+            # Bounded like every number of the RESP3 decoder: int() of thousands of digits
+            # is slow, and past 4300 it raises.
+            if (
+                seen_px
+                or number is None
+                or len(number) > _MAX_DIGITS
+                or not number.isdigit()
+                or int(number) <= 0
+            ):
                 raise _Refused(errors.SYNTAX_ERROR)
             seen_px = True
             expiry_ms = int(number)

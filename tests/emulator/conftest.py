@@ -325,3 +325,59 @@ def raw_factory() -> Iterator[Callable[[int], RawClient]]:
     yield make
     for client in clients:
         client.close()
+
+
+class EmulatorThread:
+    """An ``EmbeddedStateStore`` on a private event loop thread, for blocking clients."""
+
+    def __init__(self, **options: Any) -> None:
+        from agent.emulator.embedded import EmbeddedStateStore
+
+        self.loop = asyncio.new_event_loop()
+        self.loop_errors: list[dict[str, Any]] = []
+        self.loop.set_exception_handler(lambda _loop, context: self.loop_errors.append(context))
+        self._thread = threading.Thread(target=self.loop.run_forever, name="emulator", daemon=True)
+        self._thread.start()
+
+        async def make() -> EmbeddedStateStore:
+            return EmbeddedStateStore(**options)
+
+        self.emulator = self.run(make())
+        self.run(self.emulator.start())
+
+    @property
+    def port(self) -> int:
+        return self.emulator.port
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(TIMEOUT * 5)
+
+    def call(self, function: Callable[..., T], *args: Any) -> T:
+        async def invoke() -> T:
+            return function(*args)
+
+        return self.run(invoke())
+
+    def stop(self) -> None:
+        try:
+            self.run(self.emulator.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(TIMEOUT)
+            self.loop.close()
+
+
+@pytest.fixture
+def emulator_factory() -> Iterator[Callable[..., EmulatorThread]]:
+    started: list[EmulatorThread] = []
+
+    def start(**options: Any) -> EmulatorThread:
+        emulator = EmulatorThread(**options)
+        started.append(emulator)
+        return emulator
+
+    yield start
+    for emulator in started:
+        emulator.stop()
+    for emulator in started:
+        assert not emulator.loop_errors, f"unhandled errors in the loop: {emulator.loop_errors}"
