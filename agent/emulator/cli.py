@@ -50,7 +50,7 @@ def _authorizer(prefixes: list[str]) -> Any:
     if not prefixes:
         return None
     denied = tuple(p.encode() for p in prefixes)
-    return lambda client_id, key: not key.startswith(denied)
+    return lambda client_id, key, access: not key.startswith(denied)
 
 
 async def _serve(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from agent.emulator.authz import Access
 from agent.protocol import errors
 from agent.protocol.hlc import (
     MAX_CLOCK_DRIFT_MS,
@@ -30,8 +31,8 @@ from agent.protocol.resp3 import (
     encode_response,
 )
 
-Authorizer = Callable[[str, bytes], bool]
-"""(client id, key) -> allowed."""
+Authorizer = Callable[[str, bytes, Access], bool]
+"""(client id, key, access) -> allowed. GET and KEYNOTIFY read; SET, DEL and VDEL write."""
 
 MonotonicClock = Callable[[], int]
 """Milliseconds on a clock that never steps; key expiry is measured on it."""
@@ -289,8 +290,10 @@ class StateStore:
             raise _Refused(errors.TIMESTAMP_SKEW)
         if token is not None and token.drift_ms(now) > self._max_drift_ms:
             raise _Refused(errors.FENCING_TOKEN_SKEW)
-        if self._authorizer is not None and not self._authorizer(client_id, key):
-            raise _Refused(errors.NOT_AUTHORIZED)
+        if self._authorizer is not None:
+            access = Access.READ if command in (b"GET", b"KEYNOTIFY") else Access.WRITE
+            if not self._authorizer(client_id, key, access):
+                raise _Refused(errors.NOT_AUTHORIZED)
         if request_ts is not None:
             self.clock.receive(request_ts)
 

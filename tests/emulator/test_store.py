@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.emulator.authz import Access
 from agent.emulator.store import KeyNotification, Outcome, StateStore
 from agent.protocol import errors
 from agent.protocol.hlc import Hlc
@@ -359,11 +360,27 @@ def test_not_authorized(clocks: Clocks) -> None:
     store = StateStore(
         lambda: clocks.wall,
         lambda: clocks.mono,
-        authorizer=lambda client, key: not key.startswith(b"secret"),
+        authorizer=lambda client, key, access: not key.startswith(b"secret"),
     )
     assert error(call(store, "GET", "secret\\x")) == errors.NOT_AUTHORIZED
     assert error(call(store, "SET", "secret\\x", "v")) == errors.NOT_AUTHORIZED
     assert result(call(store, "SET", "public", "v")) == OK
+
+
+def test_the_authorizer_is_told_reads_from_writes(clocks: Clocks) -> None:
+    seen: list[tuple[str, bytes, Access]] = []
+
+    def read_only(client: str, key: bytes, access: Access) -> bool:
+        seen.append((client, key, access))
+        return access is Access.READ
+
+    store = StateStore(lambda: clocks.wall, lambda: clocks.mono, authorizer=read_only)
+    assert result(call(store, "GET", "k")) is None
+    assert result(call(store, "KEYNOTIFY", "k")) == OK
+    for command in (["SET", "k", "v"], ["DEL", "k"], ["VDEL", "k", "v"]):
+        assert error(call(store, *command)) == errors.NOT_AUTHORIZED
+    assert [access for _, _, access in seen] == [Access.READ] * 2 + [Access.WRITE] * 3
+    assert {client for client, _, _ in seen} == {"c1"}
 
 
 # ------------------------------------------------------------------ fencing (§5)
