@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
+from pathlib import Path
 from types import TracebackType
 
 from agent.emulator.authn import Authenticator
 from agent.emulator.authz import Access, AuthorizationRules, ClientIdentity
 from agent.emulator.broker import Broker, DisconnectReason
 from agent.emulator.limits import BrokerLimits
+from agent.emulator.persistence import StoreJournal
 from agent.emulator.service import StoreService, monotonic_ms, wall_clock_ms
 from agent.emulator.store import Authorizer, StateStore
 from agent.protocol import topics
@@ -40,6 +43,7 @@ class EmbeddedStateStore:
         authenticator: Authenticator | None = None,
         ssl_context: ssl.SSLContext | None = None,
         limits: BrokerLimits | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         self.broker = Broker(
             host,
@@ -52,7 +56,16 @@ class EmbeddedStateStore:
         self._authorizer = authorizer
         self._rules = rules
         key_authorizer = self._may_access if authorizer is not None or rules is not None else None
-        self.store = StateStore(wall_clock_ms, monotonic_ms, quota=quota, authorizer=key_authorizer)
+        self.journal = (
+            None if data_dir is None else StoreJournal(data_dir, wall_clock_ms, monotonic_ms)
+        )
+        self.store = StateStore(
+            wall_clock_ms,
+            monotonic_ms,
+            quota=quota,
+            authorizer=key_authorizer,
+            journal=self.journal,
+        )
         self.service = StoreService(
             self.store,
             self.broker.publish,
@@ -88,12 +101,33 @@ class EmbeddedStateStore:
         return self.broker.url
 
     async def start(self) -> None:
+        if self.journal is not None:
+            await asyncio.to_thread(self._load)
         await self.broker.start()
         log.info("state store serving at %s", self.url)
+
+    def _load(self) -> None:
+        assert self.journal is not None
+        loaded = self.journal.load()
+        kept = sum(
+            self.store.restore(key, e.value, e.version, e.fencing_token, e.expires_at_wall_ms)
+            for key, e in loaded.entries.items()
+        )
+        if loaded.clock_bound is not None:
+            self.store.restore_clock(loaded.clock_bound)
+        self.journal.open(self.store.entries, self.store.clock.current)
+        log.info(
+            "%d keys loaded from %s (%d expired meanwhile)",
+            kept,
+            self.journal.path,
+            len(loaded.entries) - kept,
+        )
 
     async def stop(self) -> None:
         self.service.close()
         await self.broker.stop()
+        if self.journal is not None:
+            await asyncio.to_thread(self.journal.close)
 
     async def __aenter__(self) -> EmbeddedStateStore:
         await self.start()
