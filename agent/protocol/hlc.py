@@ -18,6 +18,8 @@ MAX_COUNTER = 99_999
 MAX_WALL_MS = 999_999_999_999_999
 
 _DIGITS = re.compile(r"[0-9]+")
+_WALL_DIGITS = len(str(MAX_WALL_MS))
+_COUNTER_DIGITS = len(str(MAX_COUNTER))
 
 WallClock = Callable[[], int]
 """Returns the wall clock in milliseconds since the epoch."""
@@ -45,13 +47,18 @@ class Hlc:
     def parse(cls, text: str) -> Hlc:
         parts = text.split(":")
         if len(parts) != 3:
-            raise MalformedTimestamp(f"expected three ':'-separated parts: {text!r}")
+            raise MalformedTimestamp(f"expected three ':'-separated parts: {text[:64]!r}")
         wall, counter, node_id = parts
         if not _DIGITS.fullmatch(wall) or not _DIGITS.fullmatch(counter):
-            raise MalformedTimestamp(f"wall clock and counter must be decimal: {text!r}")
-        wall_ms, count = int(wall), int(counter)
+            raise MalformedTimestamp(f"wall clock and counter must be decimal: {text[:64]!r}")
+        # Leading zeros are padding; past them, too many digits are out of range before
+        # int() sees them (it refuses thousands of digits with a plain ValueError).
+        wall_digits, counter_digits = wall.lstrip("0"), counter.lstrip("0")
+        if len(wall_digits) > _WALL_DIGITS or len(counter_digits) > _COUNTER_DIGITS:
+            raise MalformedTimestamp(f"out of range: {text[:64]!r}")
+        wall_ms, count = int(wall_digits or "0"), int(counter_digits or "0")
         if wall_ms > MAX_WALL_MS or count > MAX_COUNTER:
-            raise MalformedTimestamp(f"out of range: {text!r}")
+            raise MalformedTimestamp(f"out of range: {text[:64]!r}")
         return cls(wall_ms, count, node_id)
 
     def __str__(self) -> str:

@@ -183,7 +183,7 @@ def test_set_requires_a_timestamp(store: StateStore) -> None:
     assert result(call(store, "DEL", "k", timestamp=None)) == 0
 
 
-@pytest.mark.parametrize("bad", ["", "x", "1:2", "a:b:c", "1:2:3:4"])
+@pytest.mark.parametrize("bad", ["", "x", "1:2", "a:b:c", "1:2:3:4", "9" * 5000 + ":0:n"])
 def test_malformed_timestamp(store: StateStore, bad: str) -> None:
     assert error(call(store, "SET", "k", "v", timestamp=bad)) == errors.MALFORMED_TIMESTAMP
     assert error(call(store, "GET", "k", timestamp=bad)) == errors.MALFORMED_TIMESTAMP

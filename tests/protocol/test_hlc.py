@@ -23,6 +23,10 @@ class FakeWall:
         return self.now
 
 
+def test_parse_is_lenient_about_any_number_of_leading_zeros() -> None:
+    assert Hlc.parse("0" * 5000 + "5:" + "0" * 5000 + "7:n") == Hlc(5, 7, "n")
+
+
 def test_format_is_zero_padded() -> None:
     assert str(Hlc(1_696_374_425_000, 0, "CLIENT")) == "001696374425000:00000:CLIENT"
     assert str(Hlc(5, 42, "n")) == "000000000000005:00042:n"
@@ -52,6 +56,8 @@ def test_parse_example_and_lenient_padding() -> None:
         "1000000000000000:0:n",
         f"1:{MAX_COUNTER + 1}:n",
         "١٢:0:n",  # non-ASCII digits
+        "9" * 5000 + ":0:n",  # past Python's int() digit limit: found by fuzzing
+        "1:" + "9" * 5000 + ":n",
     ],
 )
 def test_parse_rejects(text: str) -> None:
