@@ -41,7 +41,7 @@ class BrokerLimits:
     max_connections: int = 1000
     max_connection_rate: float = 200.0
     connect_timeout_s: float = 10.0
-    packets_per_turn: int = 64
+    packets_per_turn: int = 16
 
     def __post_init__(self) -> None:
         if not 64 <= self.max_packet_size <= mp.MAX_PACKET_SIZE:

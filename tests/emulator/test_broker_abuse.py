@@ -214,7 +214,7 @@ def test_a_request_flood_does_not_starve_another_client(
     """A flooder's backlog is served in turns: another client's message is handled early.
 
     Served a whole read (256 KiB) at a time, the other client's message came after some
-    5,000 of the flooder's; in turns of 64 packets, after a few hundred.
+    5,000 of the flooder's; in turns of 16 packets, after a few hundred.
     """
     broker = broker_factory()
     handled: EventLog[str] = EventLog()
