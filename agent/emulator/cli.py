@@ -5,9 +5,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
+from pathlib import Path
 from typing import Any
 
 from agent import logs
+from agent.emulator.limits import BrokerLimits
+
+EXIT_USAGE = 2
+EXIT_CONFIG = 78  # EX_CONFIG: a file or value that makes no sense
+
+_EPILOG = """\
+file formats:
+  --authz FILE      authorization rules, JSON in the shape of the real broker's
+                    BrokerAuthorization: {"rules": [{"principals": {"clientIds": [...],
+                    "usernames": [...], "certificateSubjects": [...]},
+                    "brokerResources": [{"method": "Connect"}, {"method": "Publish",
+                    "topics": [...]}, {"method": "Subscribe", "topics": [...]}],
+                    "stateStoreResources": [{"keyType": "Pattern|String|Binary",
+                    "keys": [...], "method": "Read|Write|ReadWrite"}]}]}.
+                    Allow-only; {principal.clientId} and {principal.username} in topics
+                    and keys; see the README.
+  --users FILE      JSON {"user": "password", ...}; CONNECT user names are checked.
+  --sat-tokens PATH accepted K8S-SAT tokens: a file (one a line) or a directory (one a
+                    file), read again when it changes.
+  With --users or --sat-tokens, a client must authenticate (a verified client
+  certificate also does): bad password 0x86, bad token 0x87, other method 0x8C.
+"""
 
 
 def register(subparsers: Any) -> None:
@@ -15,9 +39,12 @@ def register(subparsers: Any) -> None:
         "emulator",
         help="run a local state store (embedded MQTT 5 broker, or on an external broker)",
         description="Runs an MQTT 5 broker that hosts a local state store. Prints one line "
-        "with mqtt://HOST:PORT once it accepts connections, then serves until SIGINT or "
-        "SIGTERM.",
+        "with mqtt://HOST:PORT (mqtts:// with TLS) once it accepts connections, then serves "
+        "until SIGINT or SIGTERM.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    defaults = BrokerLimits.default()
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=1883, help="port to listen on (0: any)")
     parser.add_argument("--quota", type=int, default=None, help="maximum number of keys")
@@ -29,45 +56,175 @@ def register(subparsers: Any) -> None:
         help="refuse access to keys starting with PREFIX ('not authorized'); repeatable",
     )
     parser.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the store's contents in DIR across restarts (default: in memory only)",
+    )
+    parser.add_argument(
         "--external",
         metavar="URL",
         help="instead of embedding a broker, serve as a client of the broker at URL "
         "(mqtt://HOST:PORT); see the README for what this mode can see",
     )
+    security = parser.add_argument_group("security (embedded broker)")
+    security.add_argument("--authz", type=Path, metavar="FILE", help="authorization rules (JSON)")
+    security.add_argument("--users", type=Path, metavar="FILE", help="user names and passwords")
+    security.add_argument("--sat-tokens", type=Path, metavar="PATH", help="K8S-SAT tokens")
+    security.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve TLS with this")
+    security.add_argument("--tls-key", type=Path, metavar="PEM", help="the key of --tls-cert")
+    security.add_argument(
+        "--client-ca",
+        type=Path,
+        metavar="PEM",
+        help="require client certificates signed by this CA (mutual TLS)",
+    )
+    limits = parser.add_argument_group("limits (embedded broker)")
+    limits.add_argument(
+        "--max-packet-size",
+        type=int,
+        default=defaults.max_packet_size,
+        metavar="BYTES",
+        help="largest packet a client may send, advertised in CONNACK (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-queued-bytes",
+        type=int,
+        default=defaults.max_queued_bytes,
+        metavar="BYTES",
+        help="what may wait to be sent to one client; past it its QoS 0 messages are dropped "
+        "and a QoS 1 message disconnects it (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        metavar="N",
+        help="open connections at once (default %(default)s)",
+    )
+    limits.add_argument(
+        "--max-connection-rate",
+        type=float,
+        default=defaults.max_connection_rate,
+        metavar="PER_S",
+        help="new connections per second (default %(default)s)",
+    )
+    limits.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=defaults.connect_timeout_s,
+        metavar="S",
+        help="a client that has not completed CONNECT by then is closed (default %(default)s)",
+    )
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR")
     parser.set_defaults(func=run)
+
+
+class _ConfigError(Exception):
+    pass
 
 
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
     if args.quota is not None and args.quota < 1:
-        print("agent emulator: --quota must be at least 1")
-        return 2
-    return asyncio.run(_serve(args))
+        print("agent emulator: --quota must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        options = _options(args)
+    except _ConfigError as error:
+        print(f"agent emulator: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    return asyncio.run(_serve(args, options))
 
 
 def _authorizer(prefixes: list[str]) -> Any:
     if not prefixes:
         return None
     denied = tuple(p.encode() for p in prefixes)
-    return lambda client_id, key: not key.startswith(denied)
+    return lambda client_id, key, access: not key.startswith(denied)
 
 
-async def _serve(args: argparse.Namespace) -> int:
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The service's options from the flags; _ConfigError names the flag that is wrong."""
+    from agent.emulator.authn import Authenticator, CredentialsError, TokenFile, load_users
+    from agent.emulator.authz import RulesError, parse_rules
+    from agent.emulator.tls import TlsConfigError, server_context
+
+    options: dict[str, Any] = {
+        "quota": args.quota,
+        "authorizer": _authorizer(args.deny_prefix),
+    }
+    embedded_only = ("authz", "users", "sat_tokens", "tls_cert", "tls_key", "client_ca")
+    if args.external:
+        used = [f"--{name.replace('_', '-')}" for name in embedded_only if getattr(args, name)]
+        if used or args.data_dir:
+            flags = ", ".join(used + (["--data-dir"] if args.data_dir else []))
+            raise _ConfigError(f"{flags}: only with the embedded broker, not with --external")
+        return options
+    try:
+        options["limits"] = BrokerLimits(
+            max_packet_size=args.max_packet_size,
+            max_queued_bytes=args.max_queued_bytes,
+            max_connections=args.max_connections,
+            max_connection_rate=args.max_connection_rate,
+            connect_timeout_s=args.connect_timeout,
+        )
+    except ValueError as error:
+        raise _ConfigError(f"--{str(error).replace('_', '-')}") from None
+    if args.authz is not None:
+        try:
+            options["rules"] = parse_rules(args.authz.read_text())
+        except OSError as error:
+            raise _ConfigError(f"--authz {args.authz}: {error.strerror or error}") from None
+        except RulesError as error:
+            raise _ConfigError(f"--authz {args.authz}: {error}") from None
+    if args.users is not None or args.sat_tokens is not None:
+        try:
+            users = load_users(args.users) if args.users is not None else None
+            tokens = TokenFile(args.sat_tokens) if args.sat_tokens is not None else None
+        except CredentialsError as error:
+            flag = (
+                "--users"
+                if args.users is not None and str(args.users) in str(error)
+                else ("--sat-tokens")
+            )
+            raise _ConfigError(f"{flag}: {error}") from None
+        options["authenticator"] = Authenticator(users=users, tokens=tokens)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise _ConfigError("--tls-cert and --tls-key go together")
+    if args.client_ca is not None and args.tls_cert is None:
+        raise _ConfigError("--client-ca needs --tls-cert and --tls-key")
+    if args.tls_cert is not None:
+        try:
+            options["ssl_context"] = server_context(args.tls_cert, args.tls_key, args.client_ca)
+        except TlsConfigError as error:
+            raise _ConfigError(f"--tls-cert/--tls-key/--client-ca: {error}") from None
+    if args.data_dir is not None:
+        options["data_dir"] = args.data_dir
+    return options
+
+
+async def _serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    authorizer = _authorizer(args.deny_prefix)
+    service: Any
     if args.external:
         from agent.emulator.external import ExternalStateStore
 
-        service: Any = ExternalStateStore(args.external, quota=args.quota, authorizer=authorizer)
+        service = ExternalStateStore(args.external, **options)
     else:
         from agent.emulator.embedded import EmbeddedStateStore
 
-        service = EmbeddedStateStore(args.host, args.port, quota=args.quota, authorizer=authorizer)
-    await service.start()
+        service = EmbeddedStateStore(args.host, args.port, **options)
+    from agent.emulator.persistence import PersistenceError
+
+    try:
+        await service.start()
+    except PersistenceError as error:
+        print(f"agent emulator: --data-dir: {error}", file=sys.stderr)
+        return EXIT_CONFIG
     print(f"state store ready at {service.url}", flush=True)
     try:
         await stop.wait()

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import ssl
+from pathlib import Path
 from types import TracebackType
 
+from agent.emulator.authn import Authenticator
+from agent.emulator.authz import Access, AuthorizationRules, ClientIdentity
 from agent.emulator.broker import Broker, DisconnectReason
+from agent.emulator.limits import BrokerLimits
+from agent.emulator.persistence import StoreJournal
 from agent.emulator.service import StoreService, monotonic_ms, wall_clock_ms
 from agent.emulator.store import Authorizer, StateStore
 from agent.protocol import topics
@@ -18,7 +25,12 @@ _PROTOCOL_ERROR = 0x82
 
 
 class EmbeddedStateStore:
-    """`async with EmbeddedStateStore() as emulator:` serves at `emulator.url`."""
+    """`async with EmbeddedStateStore() as emulator:` serves at `emulator.url`.
+
+    ``authorizer`` decides by client id and key alone (``--deny-prefix``); ``rules`` are the
+    authorization rules of the real broker, which also see the client's user name and
+    certificate subject (and govern topics too). A request must pass both.
+    """
 
     def __init__(
         self,
@@ -27,9 +39,33 @@ class EmbeddedStateStore:
         *,
         quota: int | None = None,
         authorizer: Authorizer | None = None,
+        rules: AuthorizationRules | None = None,
+        authenticator: Authenticator | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        limits: BrokerLimits | None = None,
+        data_dir: Path | None = None,
     ) -> None:
-        self.broker = Broker(host, port)
-        self.store = StateStore(wall_clock_ms, monotonic_ms, quota=quota, authorizer=authorizer)
+        self.broker = Broker(
+            host,
+            port,
+            limits=limits,
+            ssl_context=ssl_context,
+            authenticator=authenticator,
+            authorizer=rules,
+        )
+        self._authorizer = authorizer
+        self._rules = rules
+        key_authorizer = self._may_access if authorizer is not None or rules is not None else None
+        self.journal = (
+            None if data_dir is None else StoreJournal(data_dir, wall_clock_ms, monotonic_ms)
+        )
+        self.store = StateStore(
+            wall_clock_ms,
+            monotonic_ms,
+            quota=quota,
+            authorizer=key_authorizer,
+            journal=self.journal,
+        )
         self.service = StoreService(
             self.store,
             self.broker.publish,
@@ -37,6 +73,17 @@ class EmbeddedStateStore:
         )
         self.broker.intercept(topics.INVOKE_TOPIC, self.service.on_request)
         self.broker.on_disconnect(self._client_gone)
+
+    def _may_access(self, client_id: str, key: bytes, access: Access) -> bool:
+        if self._authorizer is not None and not self._authorizer(client_id, key, access):
+            return False
+        if self._rules is None:
+            return True
+        identity = self.broker.identity(client_id) or ClientIdentity(client_id)
+        allowed = self._rules.may_access_key(identity, key, access)
+        if not allowed:
+            log.info("%s may not %s key %r: no rule grants it", client_id, access.value, key)
+        return allowed
 
     def _client_gone(self, client_id: str, reason: DisconnectReason) -> None:
         self.service.on_client_gone(client_id)
@@ -54,12 +101,33 @@ class EmbeddedStateStore:
         return self.broker.url
 
     async def start(self) -> None:
+        if self.journal is not None:
+            await asyncio.to_thread(self._load)
         await self.broker.start()
         log.info("state store serving at %s", self.url)
+
+    def _load(self) -> None:
+        assert self.journal is not None
+        loaded = self.journal.load()
+        kept = sum(
+            self.store.restore(key, e.value, e.version, e.fencing_token, e.expires_at_wall_ms)
+            for key, e in loaded.entries.items()
+        )
+        if loaded.clock_bound is not None:
+            self.store.restore_clock(loaded.clock_bound)
+        self.journal.open(self.store.entries, self.store.clock.current)
+        log.info(
+            "%d keys loaded from %s (%d expired meanwhile)",
+            kept,
+            self.journal.path,
+            len(loaded.entries) - kept,
+        )
 
     async def stop(self) -> None:
         self.service.close()
         await self.broker.stop()
+        if self.journal is not None:
+            await asyncio.to_thread(self.journal.close)
 
     async def __aenter__(self) -> EmbeddedStateStore:
         await self.start()

@@ -15,11 +15,19 @@ import logging
 import time
 from collections.abc import Callable
 
-from agent.emulator.store import KeyNotification, Reply, StateStore
+from agent.emulator.store import KeyNotification, Outcome, Reply, StateStore
 from agent.message import Message
 from agent.protocol import topics
+from agent.protocol.resp3 import ErrorReply, encode_response
 
 log = logging.getLogger(__name__)
+
+# The answer to a request the store failed on: clients keep an unknown text as a generic
+# service error (protocol.md §2), and an answer, even this one, beats a timeout.
+INTERNAL_ERROR = "internal error"
+_INTERNAL_ERROR_REPLY = encode_response(ErrorReply(INTERNAL_ERROR))
+# After expire() failed, when to try again (it is retried, never given up).
+_EXPIRY_RETRY_S = 0.1
 
 
 def wall_clock_ms() -> int:
@@ -61,16 +69,28 @@ class StoreService:
         if message.qos != 1:
             log.warning("request from %s at QoS %d not executed", client_id, message.qos)
             return
-        outcome = self.store.handle(
-            client_id or "",
-            message.payload,
-            message.user_property(topics.TIMESTAMP),
-            message.user_property(topics.FENCING_TOKEN),
-        )
-        self._publish(self._response(message, outcome.reply))
+        try:
+            outcome = self.store.handle(
+                client_id or "",
+                message.payload,
+                message.user_property(topics.TIMESTAMP),
+                message.user_property(topics.FENCING_TOKEN),
+            )
+        except Exception:
+            log.exception(
+                "request from %s failed in the store; answered %r", client_id, INTERNAL_ERROR
+            )
+            outcome = Outcome(Reply(_INTERNAL_ERROR_REPLY, self.store.clock.current))
+        self._send(self._response(message, outcome.reply))
         for notification in outcome.notifications:
-            self._publish(self._notification(notification))
+            self._send(self._notification(notification))
         self._schedule_expiry()
+
+    def _send(self, message: Message) -> None:
+        try:
+            self._publish(message)
+        except Exception:
+            log.exception("could not publish to %s", message.topic)
 
     def on_client_gone(self, client_id: str) -> None:
         self.store.client_gone(client_id)
@@ -98,8 +118,16 @@ class StoreService:
     def _expire(self) -> None:
         self._expiry_timer = None
         self._expiry_deadline = None
-        for notification in self.store.expire():
-            self._publish(self._notification(notification))
+        try:
+            notifications = self.store.expire()
+        except Exception:
+            log.exception("expiring keys failed; retrying in %s s", _EXPIRY_RETRY_S)
+            self._expiry_timer = asyncio.get_running_loop().call_later(
+                _EXPIRY_RETRY_S, self._expire
+            )
+            return
+        for notification in notifications:
+            self._send(self._notification(notification))
         self._schedule_expiry()
 
     # ------------------------------------------------------------------ messages

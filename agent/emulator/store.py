@@ -10,7 +10,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from agent.emulator.authz import Access
 from agent.protocol import errors
 from agent.protocol.hlc import (
     MAX_CLOCK_DRIFT_MS,
@@ -30,8 +32,8 @@ from agent.protocol.resp3 import (
     encode_response,
 )
 
-Authorizer = Callable[[str, bytes], bool]
-"""(client id, key) -> allowed."""
+Authorizer = Callable[[str, bytes, Access], bool]
+"""(client id, key, access) -> allowed. GET and KEYNOTIFY read; SET, DEL and VDEL write."""
 
 MonotonicClock = Callable[[], int]
 """Milliseconds on a clock that never steps; key expiry is measured on it."""
@@ -39,10 +41,26 @@ MonotonicClock = Callable[[], int]
 
 @dataclass(slots=True)
 class Entry:
+    """One key's state. Replaced on every change, never modified (journals rely on it)."""
+
     value: bytes
     version: Hlc
     fencing_token: Hlc | None = None
     expires_at_ms: int | None = None
+
+
+class Journal(Protocol):
+    """Where the store reports its changes to be kept (``persistence.StoreJournal``)."""
+
+    def put(self, key: bytes, entry: Entry) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+    def observe_clock(self, current: Hlc) -> None: ...
+
+
+# The node id a restored clock bound is merged under: never the service's own.
+_RESTORED_NODE = "~restored"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +115,15 @@ def _parse_set_options(options: list[bytes]) -> _SetOptions:
             condition = word
         elif word == b"PX":
             number = next(it, None)
-            if seen_px or number is None or not number.isdigit() or int(number) <= 0:
+            # Bounded like every number of the RESP3 decoder: int() of thousands of digits
+            # is slow, and past 4300 it raises.
+            if (
+                seen_px
+                or number is None
+                or len(number) > _MAX_DIGITS
+                or not number.isdigit()
+                or int(number) <= 0
+            ):
                 raise _Refused(errors.SYNTAX_ERROR)
             seen_px = True
             expiry_ms = int(number)
@@ -167,6 +193,7 @@ class StateStore:
         quota: int | None = None,
         authorizer: Authorizer | None = None,
         max_drift_ms: int = MAX_CLOCK_DRIFT_MS,
+        journal: Journal | None = None,
     ) -> None:
         self.clock = HybridLogicalClock(node_id, wall_clock, max_drift_ms)
         self._wall_clock = wall_clock
@@ -174,6 +201,7 @@ class StateStore:
         self.quota = quota
         self._authorizer = authorizer
         self._max_drift_ms = max_drift_ms
+        self.journal = journal
         self._entries: dict[bytes, Entry] = {}
         # key -> registered client ids, in registration order (dict as an ordered set)
         self._watchers: dict[bytes, dict[str, None]] = {}
@@ -188,6 +216,10 @@ class StateStore:
 
     def entry(self, key: bytes) -> Entry | None:
         return self._entries.get(key)
+
+    def entries(self) -> dict[bytes, Entry]:
+        """The live keys (the store's own dict: read it, do not change it)."""
+        return self._entries
 
     def registrations(self, client_id: str) -> set[bytes]:
         return set(self._watched_by.get(client_id, ()))
@@ -223,7 +255,34 @@ class StateStore:
             outcome = Outcome(Reply(encode_response(ErrorReply(refused.text)), self.clock.current))
         if notifications:
             outcome = Outcome(outcome.reply, notifications + outcome.notifications)
+        if self.journal is not None:
+            self.journal.observe_clock(self.clock.current)
         return outcome
+
+    def restore(
+        self,
+        key: bytes,
+        value: bytes,
+        version: Hlc,
+        fencing_token: Hlc | None,
+        expires_at_wall_ms: int | None,
+    ) -> bool:
+        """Puts back a key kept across a restart; False (and nothing kept) if it expired."""
+        expires = None
+        if expires_at_wall_ms is not None:
+            remaining = expires_at_wall_ms - self._wall_clock()
+            if remaining <= 0:
+                return False
+            expires = self._monotonic() + remaining
+        self._entries[key] = Entry(value, version, fencing_token, expires)
+        if expires is not None:
+            heapq.heappush(self._deadlines, (expires, key))
+        self.clock.receive(Hlc(version.wall_ms, version.counter, _RESTORED_NODE))
+        return True
+
+    def restore_clock(self, bound: Hlc) -> None:
+        """Moves the clock past every timestamp handed out before a restart."""
+        self.clock.receive(Hlc(bound.wall_ms, bound.counter, _RESTORED_NODE))
 
     def expire(self) -> list[KeyNotification]:
         """Deletes every key whose deadline has passed, notifying DELETE for each."""
@@ -232,9 +291,14 @@ class StateStore:
         self._drop_stale_deadlines()
         while self._deadlines and self._deadlines[0][0] <= now:
             _, key = heapq.heappop(self._deadlines)
+            now_ts = self.clock.tick()
             del self._entries[key]
-            notifications += self._notify(key, Notification("DELETE"), self.clock.tick())
+            if self.journal is not None:
+                self.journal.delete(key)
+            notifications += self._notify(key, Notification("DELETE"), now_ts)
             self._drop_stale_deadlines()
+            if self.journal is not None:
+                self.journal.observe_clock(self.clock.current)
         return notifications
 
     def client_gone(self, client_id: str) -> None:
@@ -281,8 +345,10 @@ class StateStore:
             raise _Refused(errors.TIMESTAMP_SKEW)
         if token is not None and token.drift_ms(now) > self._max_drift_ms:
             raise _Refused(errors.FENCING_TOKEN_SKEW)
-        if self._authorizer is not None and not self._authorizer(client_id, key):
-            raise _Refused(errors.NOT_AUTHORIZED)
+        if self._authorizer is not None:
+            access = Access.READ if command in (b"GET", b"KEYNOTIFY") else Access.WRITE
+            if not self._authorizer(client_id, key, access):
+                raise _Refused(errors.NOT_AUTHORIZED)
         if request_ts is not None:
             self.clock.receive(request_ts)
 
@@ -319,7 +385,9 @@ class StateStore:
         if token is not None and (stored_token is None or token > stored_token):
             stored_token = token
         expires = None if options.expiry_ms is None else self._monotonic() + options.expiry_ms
-        self._entries[key] = Entry(value, version, stored_token, expires)
+        new_entry = self._entries[key] = Entry(value, version, stored_token, expires)
+        if self.journal is not None:
+            self.journal.put(key, new_entry)
         if expires is not None:
             heapq.heappush(self._deadlines, (expires, key))
         # Built only when someone watches the key: most SETs notify nobody.
@@ -347,6 +415,8 @@ class StateStore:
             result = -1
         else:
             del self._entries[key]
+            if self.journal is not None:
+                self.journal.delete(key)
             reply = Reply(encode_response(1), now)
             return Outcome(reply, self._notify(key, Notification("DELETE"), now))
         return Outcome(Reply(encode_response(result), now))

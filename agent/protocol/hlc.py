@@ -18,6 +18,8 @@ MAX_COUNTER = 99_999
 MAX_WALL_MS = 999_999_999_999_999
 
 _DIGITS = re.compile(r"[0-9]+")
+_WALL_DIGITS = len(str(MAX_WALL_MS))
+_COUNTER_DIGITS = len(str(MAX_COUNTER))
 
 WallClock = Callable[[], int]
 """Returns the wall clock in milliseconds since the epoch."""
@@ -29,10 +31,6 @@ class HlcError(ValueError):
 
 class MalformedTimestamp(HlcError):
     """The text is not a hybrid logical clock."""
-
-
-class CounterOverflow(HlcError):
-    """More than MAX_COUNTER events within one millisecond of another node's clock."""
 
 
 class ClockDrift(HlcError):
@@ -49,13 +47,18 @@ class Hlc:
     def parse(cls, text: str) -> Hlc:
         parts = text.split(":")
         if len(parts) != 3:
-            raise MalformedTimestamp(f"expected three ':'-separated parts: {text!r}")
+            raise MalformedTimestamp(f"expected three ':'-separated parts: {text[:64]!r}")
         wall, counter, node_id = parts
         if not _DIGITS.fullmatch(wall) or not _DIGITS.fullmatch(counter):
-            raise MalformedTimestamp(f"wall clock and counter must be decimal: {text!r}")
-        wall_ms, count = int(wall), int(counter)
+            raise MalformedTimestamp(f"wall clock and counter must be decimal: {text[:64]!r}")
+        # Leading zeros are padding; past them, too many digits are out of range before
+        # int() sees them (it refuses thousands of digits with a plain ValueError).
+        wall_digits, counter_digits = wall.lstrip("0"), counter.lstrip("0")
+        if len(wall_digits) > _WALL_DIGITS or len(counter_digits) > _COUNTER_DIGITS:
+            raise MalformedTimestamp(f"out of range: {text[:64]!r}")
+        wall_ms, count = int(wall_digits or "0"), int(counter_digits or "0")
         if wall_ms > MAX_WALL_MS or count > MAX_COUNTER:
-            raise MalformedTimestamp(f"out of range: {text!r}")
+            raise MalformedTimestamp(f"out of range: {text[:64]!r}")
         return cls(wall_ms, count, node_id)
 
     def __str__(self) -> str:
@@ -86,10 +89,16 @@ def check_drift(ts: Hlc, now_ms: int, max_drift_ms: int = MAX_CLOCK_DRIFT_MS) ->
         raise ClockDrift(f"{ts} is {ts.drift_ms(now_ms)} ms ahead of the wall clock")
 
 
-def _bump(counter: int) -> int:
+def _after(wall_ms: int, counter: int, node_id: str) -> Hlc:
+    """The smallest timestamp of `node_id` after (wall_ms, counter).
+
+    A full counter moves the wall part on by one millisecond instead of stopping the clock:
+    a peer's timestamp with a counter near MAX_COUNTER (well-formed, so accepted) must not
+    leave this node unable to stamp anything until its wall clock catches up.
+    """
     if counter >= MAX_COUNTER:
-        raise CounterOverflow(f"counter would exceed {MAX_COUNTER}")
-    return counter + 1
+        return Hlc(wall_ms + 1, 0, node_id)
+    return Hlc(wall_ms, counter + 1, node_id)
 
 
 class HybridLogicalClock:
@@ -116,10 +125,11 @@ class HybridLogicalClock:
         does. Clients call check_usable() first.
         """
         now = self._wall_clock()
-        if now > self._last.wall_ms:
+        last = self._last
+        if now > last.wall_ms:
             nxt = Hlc(now, 0, self.node_id)
         else:
-            nxt = Hlc(self._last.wall_ms, _bump(self._last.counter), self.node_id)
+            nxt = _after(last.wall_ms, last.counter, self.node_id)
         self._last = nxt
         return nxt
 
@@ -133,15 +143,15 @@ class HybridLogicalClock:
         own = self._last
         wall = max(now, own.wall_ms, remote.wall_ms)
         if wall == own.wall_ms and wall == remote.wall_ms:
-            counter = _bump(max(own.counter, remote.counter))
+            nxt = _after(wall, max(own.counter, remote.counter), self.node_id)
         elif wall == own.wall_ms:
-            counter = _bump(own.counter)
+            nxt = _after(wall, own.counter, self.node_id)
         elif wall == remote.wall_ms:
-            counter = _bump(remote.counter)
+            nxt = _after(wall, remote.counter, self.node_id)
         else:
-            counter = 0
-        self._last = Hlc(wall, counter, self.node_id)
-        return self._last
+            nxt = Hlc(wall, 0, self.node_id)
+        self._last = nxt
+        return nxt
 
     def check_usable(self) -> None:
         """Raises ClockDrift when the clock has run ahead of the wall clock by too much.

@@ -74,25 +74,52 @@ class _ErrorCollector(logging.Handler):
         self.records.append(record)
 
 
-class BrokerThread:
-    """A running ``Broker`` on a private event loop thread, plus a log of its disconnects."""
+class LoopThread:
+    """A private event loop on its own thread, to drive asyncio servers from blocking tests."""
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(self._on_loop_error)
         self.loop_errors: list[dict[str, Any]] = []
-        self._thread = threading.Thread(target=self.loop.run_forever, name="broker", daemon=True)
-        self.broker = Broker(**options)
-        self.disconnects: EventLog[tuple[str, DisconnectReason]] = EventLog()
-        # ERROR records logged by the broker; a test expecting some clears this list.
-        self.logged_errors: list[logging.LogRecord] = []
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
 
     def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         self.loop_errors.append(context)
         loop.default_exception_handler(context)
 
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = TIMEOUT) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def call(self, function: Callable[..., T], *args: Any) -> T:
+        """Run ``function`` on the loop thread, as the servers' APIs require."""
+
+        async def invoke() -> T:
+            return function(*args)
+
+        return self.run(invoke())
+
+    def stop_loop(self, last: Coroutine[Any, Any, None]) -> None:
+        """Runs ``last`` (the server's stop), then ends the loop and its thread."""
+        try:
+            self.run(last, TIMEOUT * 5)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(TIMEOUT)
+            self.loop.close()
+
+
+class BrokerThread(LoopThread):
+    """A running ``Broker`` on a private event loop thread, plus a log of its disconnects."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__("broker")
+        self.broker = Broker(**options)
+        self.disconnects: EventLog[tuple[str, DisconnectReason]] = EventLog()
+        # ERROR records logged by the broker; a test expecting some clears this list.
+        self.logged_errors: list[logging.LogRecord] = []
+
     def start(self) -> None:
-        self._thread.start()
         self.run(self.broker.start())
         self.call(self.broker.on_disconnect, lambda *event: self.disconnects.append(event))
 
@@ -100,24 +127,8 @@ class BrokerThread:
     def port(self) -> int:
         return self.broker.port
 
-    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(TIMEOUT)
-
-    def call(self, function: Callable[..., T], *args: Any) -> T:
-        """Run a broker method on the broker's loop thread, as its API requires."""
-
-        async def invoke() -> T:
-            return function(*args)
-
-        return self.run(invoke())
-
     def stop(self) -> None:
-        try:
-            self.run(self.broker.stop())
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(TIMEOUT)
-            self.loop.close()
+        self.stop_loop(self.broker.stop())
 
 
 @pytest.fixture
@@ -325,3 +336,41 @@ def raw_factory() -> Iterator[Callable[[int], RawClient]]:
     yield make
     for client in clients:
         client.close()
+
+
+class EmulatorThread(LoopThread):
+    """An ``EmbeddedStateStore`` on a private event loop thread, for blocking clients."""
+
+    def __init__(self, **options: Any) -> None:
+        from agent.emulator.embedded import EmbeddedStateStore
+
+        super().__init__("emulator")
+
+        async def make() -> EmbeddedStateStore:
+            return EmbeddedStateStore(**options)
+
+        self.emulator = self.run(make())
+        self.run(self.emulator.start(), TIMEOUT * 5)
+
+    @property
+    def port(self) -> int:
+        return self.emulator.port
+
+    def stop(self) -> None:
+        self.stop_loop(self.emulator.stop())
+
+
+@pytest.fixture
+def emulator_factory() -> Iterator[Callable[..., EmulatorThread]]:
+    started: list[EmulatorThread] = []
+
+    def start(**options: Any) -> EmulatorThread:
+        emulator = EmulatorThread(**options)
+        started.append(emulator)
+        return emulator
+
+    yield start
+    for emulator in started:
+        emulator.stop()
+    for emulator in started:
+        assert not emulator.loop_errors, f"unhandled errors in the loop: {emulator.loop_errors}"

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.emulator.authz import Access
 from agent.emulator.store import KeyNotification, Outcome, StateStore
 from agent.protocol import errors
 from agent.protocol.hlc import Hlc
@@ -166,6 +167,15 @@ def test_set_syntax_errors_write_nothing(store: StateStore, options: list[str]) 
     assert result(call(store, "GET", "k")) is None
 
 
+def test_px_with_thousands_of_digits_is_a_syntax_error(store: StateStore) -> None:
+    """Python refuses to parse integers past 4300 digits; that must not escape the store."""
+    for digits in (20, 4301, 10_000):
+        assert error(call(store, "SET", "k", "v", "PX", "9" * digits)) == errors.SYNTAX_ERROR
+    assert result(call(store, "GET", "k")) is None
+    # The longest accepted: 19 digits, as every number of the RESP3 decoder.
+    assert result(call(store, "SET", "k", "v", "PX", "9" * 19)) == OK
+
+
 def test_set_requires_a_timestamp(store: StateStore) -> None:
     assert error(call(store, "SET", "k", "v", timestamp=None)) == errors.MISSING_TIMESTAMP
     # Other commands do not.
@@ -173,7 +183,7 @@ def test_set_requires_a_timestamp(store: StateStore) -> None:
     assert result(call(store, "DEL", "k", timestamp=None)) == 0
 
 
-@pytest.mark.parametrize("bad", ["", "x", "1:2", "a:b:c", "1:2:3:4"])
+@pytest.mark.parametrize("bad", ["", "x", "1:2", "a:b:c", "1:2:3:4", "9" * 5000 + ":0:n"])
 def test_malformed_timestamp(store: StateStore, bad: str) -> None:
     assert error(call(store, "SET", "k", "v", timestamp=bad)) == errors.MALFORMED_TIMESTAMP
     assert error(call(store, "GET", "k", timestamp=bad)) == errors.MALFORMED_TIMESTAMP
@@ -211,6 +221,30 @@ def test_px_expiry_is_active_and_notifies_delete(store: StateStore, clocks: Cloc
     assert decode_notification(expired[0].payload) == Notification("DELETE")
     assert result(call(store, "GET", "k")) is None
     assert store.next_expiry_ms() is None
+
+
+def test_a_full_counter_59_s_ahead_never_wedges_the_store(
+    store: StateStore, clocks: Clocks
+) -> None:
+    """`<now + 59 s>:99998:x` once made every later tick raise until the wall clock caught up."""
+    call(store, "KEYNOTIFY", "k", client="watcher")
+    assert result(call(store, "SET", "k", "v", "PX", "50")) == OK
+    hostile = ts(59_000, counter=99_998, node="x")
+    assert result(call(store, "SET", "other", "v", timestamp=hostile)) == OK
+    versions = []
+    for _ in range(3):
+        set_outcome = call(store, "SET", "other", "w")
+        assert result(set_outcome) == OK
+        versions.append(set_outcome.reply.timestamp)
+        assert result(call(store, "DEL", "nothing")) == 0
+        assert result(call(store, "VDEL", "nothing", "v")) == 0
+        assert result(call(store, "KEYNOTIFY", "other", client="late")) == OK
+    assert versions == sorted(versions) and len(set(versions)) == 3
+    clocks.advance(50)
+    expired = store.expire()
+    assert [(n.client_id, n.key) for n in expired] == [("watcher", b"k")]
+    assert decode_notification(expired[0].payload) == Notification("DELETE")
+    assert expired[0].timestamp > versions[-1]
 
 
 def test_set_without_px_clears_expiry(store: StateStore, clocks: Clocks) -> None:
@@ -326,11 +360,27 @@ def test_not_authorized(clocks: Clocks) -> None:
     store = StateStore(
         lambda: clocks.wall,
         lambda: clocks.mono,
-        authorizer=lambda client, key: not key.startswith(b"secret"),
+        authorizer=lambda client, key, access: not key.startswith(b"secret"),
     )
     assert error(call(store, "GET", "secret\\x")) == errors.NOT_AUTHORIZED
     assert error(call(store, "SET", "secret\\x", "v")) == errors.NOT_AUTHORIZED
     assert result(call(store, "SET", "public", "v")) == OK
+
+
+def test_the_authorizer_is_told_reads_from_writes(clocks: Clocks) -> None:
+    seen: list[tuple[str, bytes, Access]] = []
+
+    def read_only(client: str, key: bytes, access: Access) -> bool:
+        seen.append((client, key, access))
+        return access is Access.READ
+
+    store = StateStore(lambda: clocks.wall, lambda: clocks.mono, authorizer=read_only)
+    assert result(call(store, "GET", "k")) is None
+    assert result(call(store, "KEYNOTIFY", "k")) == OK
+    for command in (["SET", "k", "v"], ["DEL", "k"], ["VDEL", "k", "v"]):
+        assert error(call(store, *command)) == errors.NOT_AUTHORIZED
+    assert [access for _, _, access in seen] == [Access.READ] * 2 + [Access.WRITE] * 3
+    assert {client for client, _, _ in seen} == {"c1"}
 
 
 # ------------------------------------------------------------------ fencing (§5)

@@ -183,6 +183,7 @@ def _future_ts(ms: int) -> str:
     [
         (["SET", "k", "v", "PX", "0"], {}, errors.SYNTAX_ERROR),
         (["SET", "k", "v", "PX", "1.5"], {}, errors.SYNTAX_ERROR),
+        (["SET", "k", "v", "PX", "9" * 4301], {}, errors.SYNTAX_ERROR),
         (["SET", "k", "v", "NX", "NEX"], {}, errors.SYNTAX_ERROR),
         (["SET", "k", "v", "BOGUS"], {}, errors.SYNTAX_ERROR),
         (["KEYNOTIFY", "k", "GO"], {}, errors.SYNTAX_ERROR),
@@ -220,6 +221,29 @@ def test_quota() -> None:
         assert client.request("SET", "q2", "v").payload == OK
         assert client.request("SET", "q3", "v").payload == err(errors.QUOTA_EXCEEDED)
         assert client.request("SET", "q1", "w").payload == OK
+    finally:
+        server.close()
+
+
+def test_a_full_counter_59_s_ahead_does_not_wedge_the_service(backend: Backend) -> None:
+    """Every client keeps getting answers, and an expiring key its DELETE notification.
+
+    Its own server: the service clock stays ahead for a minute afterwards.
+    """
+    server = Backend(backend.kind)
+    try:
+        hostile, other = server.client("hostile"), server.client("other")
+        assert other.request("KEYNOTIFY", "expiring").payload == OK
+        assert other.request("SET", "expiring", "v", "PX", "400").payload == OK
+        hostile_ts = now_ts("x", 59_000).replace(":00000:", ":99998:")
+        assert hostile.request("SET", "h", "v", ts=hostile_ts).payload == OK
+        for _ in range(3):
+            assert other.request("SET", "k", "v").payload == OK
+            assert other.request("DEL", "k").payload == b":1\r\n"
+            assert other.request("VDEL", "k", "v").payload == b":0\r\n"
+            assert hostile.request("KEYNOTIFY", "k2").payload == OK
+        notes = [next_notification(other).payload for _ in range(2)]
+        assert notes[-1] == b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"
     finally:
         server.close()
 

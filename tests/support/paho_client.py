@@ -10,6 +10,7 @@ import queue
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import paho.mqtt.client as mqtt
@@ -42,8 +43,16 @@ class Received:
 
 class PahoStoreClient:
     def __init__(
-        self, host: str, port: int, client_id: str, *, keepalive: int = 30, subscribe: bool = True
+        self,
+        host: str,
+        port: int,
+        client_id: str,
+        *,
+        keepalive: int = 30,
+        subscribe: bool = True,
+        configure: Callable[[mqtt.Client], object] | None = None,
     ) -> None:
+        """``configure`` sets up the paho client before it connects (TLS, user name...)."""
         self.client_id = client_id
         self.response_topic = topics.response_topic(client_id)
         self.client = mqtt.Client(
@@ -60,6 +69,8 @@ class PahoStoreClient:
         self.client.on_connect = lambda *a: self._connected.set()
         self.client.on_disconnect = self._on_disconnect
         self.client.on_subscribe = lambda c, u, mid, codes, p: self._subacks.put(mid)
+        if configure is not None:
+            configure(self.client)
         self.client.connect(host, port, keepalive=keepalive)
         sock = self.client.socket()
         if sock is not None:  # else each request after a response waits for delayed ACKs

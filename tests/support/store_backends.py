@@ -18,7 +18,7 @@ QUOTA = 500
 DENIED_PREFIX = "secret/"
 
 
-def _deny(client_id: str, key: bytes) -> bool:
+def _deny(client_id: str, key: bytes, access: object) -> bool:
     return not key.startswith(DENIED_PREFIX.encode())
 
 

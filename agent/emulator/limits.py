@@ -1,0 +1,84 @@
+"""What one client may cost the embedded broker, and the connection rate bucket. Pure."""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass
+
+from agent.emulator import mqtt_packets as mp
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+def _default_max_connections() -> int:
+    # Every connection is a file descriptor: stay clear of the process's limit.
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1000
+    return max(1, min(1000, soft - 64))
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerLimits:
+    """The bounds the broker enforces on each client and on all of them together.
+
+    - ``max_packet_size``: the largest packet a client may send (advertised in CONNACK as
+      Maximum Packet Size; a bigger one ends the connection with 0x95 Packet Too Large).
+    - ``max_queued_bytes``: how much may wait to be sent to one client (messages held for
+      its receive window, our write buffer). Past it, QoS 0 messages to that client are
+      dropped and a QoS 1 message ends the connection (0x97 Quota Exceeded).
+    - ``max_connections``: open sockets at once, connected or not; more are closed at once.
+    - ``max_connection_rate``: new sockets per second (a bucket that holds one second's
+      worth); more are closed at once.
+    - ``connect_timeout_s``: a socket that has not completed CONNECT (and its TLS
+      handshake) by then is closed.
+    - ``packets_per_turn``: packets handled from one client before the others get a turn.
+    """
+
+    max_packet_size: int = 16 * MIB
+    max_queued_bytes: int = 1 * MIB
+    max_connections: int = 1000
+    max_connection_rate: float = 200.0
+    connect_timeout_s: float = 10.0
+    packets_per_turn: int = 16
+
+    def __post_init__(self) -> None:
+        if not 64 <= self.max_packet_size <= mp.MAX_PACKET_SIZE:
+            raise ValueError(f"max_packet_size must be in 64..{mp.MAX_PACKET_SIZE}")
+        if self.max_queued_bytes < 1:
+            raise ValueError("max_queued_bytes must be at least 1")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        if not self.max_connection_rate > 0:
+            raise ValueError("max_connection_rate must be > 0")
+        if not self.connect_timeout_s > 0:
+            raise ValueError("connect_timeout_s must be > 0")
+        if self.packets_per_turn < 1:
+            raise ValueError("packets_per_turn must be at least 1")
+
+    @classmethod
+    def default(cls) -> BrokerLimits:
+        return cls(max_connections=_default_max_connections())
+
+
+class TokenBucket:
+    """``rate`` events per second on average, bursts of at most ``burst``; time injected."""
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if not rate > 0 or not burst >= 1:
+            raise ValueError("rate must be > 0 and burst >= 1")
+        self.rate = rate
+        self.burst = burst
+        self._tokens = burst
+        self._updated = now
+
+    def take(self, now: float) -> bool:
+        """One event at ``now`` (seconds, monotonic): True if it fits the rate."""
+        elapsed = max(0.0, now - self._updated)
+        self._updated = now
+        self._tokens = min(self.burst, self._tokens + elapsed * self.rate)
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False

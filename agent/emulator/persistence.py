@@ -1,0 +1,353 @@
+"""The store's contents on disk (`agent emulator --data-dir DIR`), as the real service keeps them.
+
+One append-only log, ``DIR/store.log``: a record per change (a key written with its value,
+version, fencing token and expiry deadline as a wall-clock time; a key deleted), and now and
+then a clock record, a bound on every timestamp the service has handed out, so that its
+clock never goes backwards across a restart. Each record is framed as
+``[length u32][crc32 u32][body]``: a torn or corrupt tail (a crash mid-write) is dropped at
+load, with a warning. The log is rewritten from the live keys (compacted) at load and
+whenever it has grown to several times their size.
+
+Writes never block the event loop: records are encoded on it (cheap) and handed to one
+writer thread, which appends, flushes and fsyncs them in batches. A reply does not wait for
+its record to reach the disk: a crash loses at most the last moments of writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from agent.emulator.store import Entry
+from agent.protocol.hlc import Hlc, HlcError
+
+log = logging.getLogger(__name__)
+
+LOG_NAME: Final = "store.log"
+_FRAME = struct.Struct(">II")  # body length, crc32 of the body
+_SET, _DELETE, _CLOCK = b"S", b"D", b"C"
+_NO_EXPIRY: Final = -1
+# The clock record is written this far ahead of the clock, and renewed when the clock gets
+# within half of it: one small record a second or so under load, none when idle.
+CLOCK_LEASE_MS: Final = 2_000
+_COMPACT_MIN_BYTES: Final = 1 << 20
+_COMPACT_FACTOR: Final = 4
+_MAX_BATCH: Final = 4096  # records per write; the thread takes what is there, up to this
+
+
+class PersistenceError(OSError):
+    """The data directory cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    value: bytes
+    version: Hlc
+    fencing_token: Hlc | None
+    expires_at_wall_ms: int | None
+
+
+@dataclass(slots=True)
+class Loaded:
+    entries: dict[bytes, StoredEntry]
+    clock_bound: Hlc | None
+    dropped_bytes: int  # a torn or corrupt tail
+
+
+# ---------------------------------------------------------------------------- records (pure)
+
+
+def _text(value: str) -> bytes:
+    raw = value.encode()
+    return struct.pack(">H", len(raw)) + raw
+
+
+def _blob(value: bytes) -> bytes:
+    return struct.pack(">I", len(value)) + value
+
+
+def _frame(body: bytes) -> bytes:
+    return _FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+def encode_set(key: bytes, entry: StoredEntry) -> bytes:
+    token = "" if entry.fencing_token is None else str(entry.fencing_token)
+    expiry = _NO_EXPIRY if entry.expires_at_wall_ms is None else entry.expires_at_wall_ms
+    return _frame(
+        _SET
+        + _blob(key)
+        + _blob(entry.value)
+        + _text(str(entry.version))
+        + _text(token)
+        + struct.pack(">q", expiry)
+    )
+
+
+def encode_delete(key: bytes) -> bytes:
+    return _frame(_DELETE + _blob(key))
+
+
+def encode_clock(bound: Hlc) -> bytes:
+    return _frame(_CLOCK + _text(str(bound)))
+
+
+class _Body:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 1
+
+    def take(self, count: int) -> bytes:
+        end = self.pos + count
+        if end > len(self.data):
+            raise ValueError("record ends inside a field")
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+    def blob(self) -> bytes:
+        (length,) = struct.unpack(">I", self.take(4))
+        return self.take(length)
+
+    def text(self) -> str:
+        (length,) = struct.unpack(">H", self.take(2))
+        return self.take(length).decode()
+
+
+def read_records(data: bytes) -> tuple[list[bytes], int]:
+    """The bodies of the whole records in ``data``, and how many bytes after them are torn."""
+    bodies = []
+    pos = 0
+    while pos + _FRAME.size <= len(data):
+        length, crc = _FRAME.unpack_from(data, pos)
+        body = data[pos + _FRAME.size : pos + _FRAME.size + length]
+        if len(body) < length or zlib.crc32(body) != crc:
+            break
+        bodies.append(body)
+        pos += _FRAME.size + length
+    return bodies, len(data) - pos
+
+
+def replay(data: bytes) -> Loaded:
+    """The state a log describes; a record that does not decode ends it like a torn one."""
+    bodies, dropped = read_records(data)
+    entries: dict[bytes, StoredEntry] = {}
+    bound: Hlc | None = None
+    for index, body in enumerate(bodies):
+        try:
+            reader = _Body(body)
+            kind = body[:1]
+            if kind == _SET:
+                key, value = reader.blob(), reader.blob()
+                version = Hlc.parse(reader.text())
+                token_text = reader.text()
+                (expiry,) = struct.unpack(">q", reader.take(8))
+                entries[key] = StoredEntry(
+                    value,
+                    version,
+                    Hlc.parse(token_text) if token_text else None,
+                    None if expiry == _NO_EXPIRY else expiry,
+                )
+                bound = version if bound is None else max(bound, version)
+            elif kind == _DELETE:
+                entries.pop(reader.blob(), None)
+            elif kind == _CLOCK:
+                clock = Hlc.parse(reader.text())
+                bound = clock if bound is None else max(bound, clock)
+            else:
+                raise ValueError(f"unknown record type {kind!r}")
+        except (ValueError, HlcError, struct.error, UnicodeDecodeError):
+            dropped += sum(_FRAME.size + len(b) for b in bodies[index:])
+            break
+    return Loaded(entries, bound, dropped)
+
+
+# ---------------------------------------------------------------------------- the journal
+
+
+class _Compact:
+    def __init__(self, records: Callable[[], Iterator[bytes]]) -> None:
+        self.records = records
+
+
+class StoreJournal:
+    """Keeps ``DIR/store.log`` in step with a StateStore (it is the store's journal)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        wall_clock: Callable[[], int],
+        monotonic_clock: Callable[[], int],
+    ) -> None:
+        self.directory = directory
+        self.path = directory / LOG_NAME
+        self._wall = wall_clock
+        self._monotonic = monotonic_clock
+        self._queue: queue.SimpleQueue[bytes | _Compact | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._file: int | None = None
+        self._lease_ms = 0
+        self._written = 0  # bytes appended since the last compaction
+        self._live_estimate = 0  # the size of the log right after the last compaction
+        self.failed: OSError | None = None
+        self._entries: Callable[[], dict[bytes, Entry]] | None = None
+
+    # ---- blocking: before serving and after (call in a worker thread) -----------------------
+
+    def load(self) -> Loaded:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            data = self.path.read_bytes() if self.path.exists() else b""
+        except OSError as exc:
+            raise PersistenceError(
+                f"cannot use the data directory {self.directory}: {exc}"
+            ) from None
+        loaded = replay(data)
+        if loaded.dropped_bytes:
+            log.warning(
+                "%s: dropped %d bytes of a torn or corrupt last record",
+                self.path,
+                loaded.dropped_bytes,
+            )
+        return loaded
+
+    def open(self, entries: Callable[[], dict[bytes, Entry]], clock: Hlc) -> None:
+        """Rewrites the log from the live keys, then starts the writer thread."""
+        self._entries = entries
+        self._lease_ms = clock.wall_ms + CLOCK_LEASE_MS
+        records = list(self._snapshot(dict(entries())))
+        records.append(encode_clock(Hlc(self._lease_ms, 0, clock.node_id)))
+        self._live_estimate = sum(map(len, records))
+        self._rewrite(records)
+        self._thread = threading.Thread(target=self._run, name="store-journal", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Writes what is queued and stops the writer thread."""
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join()
+        self._thread = None
+        if self._file is not None:
+            os.close(self._file)
+            self._file = None
+
+    # ---- on the event loop (StateStore calls these) ------------------------------------------
+
+    def put(self, key: bytes, entry: Entry) -> None:
+        self._append(encode_set(key, self._stored(entry)))
+
+    def delete(self, key: bytes) -> None:
+        self._append(encode_delete(key))
+
+    def observe_clock(self, current: Hlc) -> None:
+        """Renews the clock bound before the clock can reach it."""
+        if current.wall_ms + CLOCK_LEASE_MS // 2 > self._lease_ms:
+            self._lease_ms = current.wall_ms + CLOCK_LEASE_MS
+            self._append(encode_clock(Hlc(self._lease_ms, 0, current.node_id)))
+
+    def _append(self, record: bytes) -> None:
+        self._queue.put(record)
+        self._written += len(record)
+        if (
+            self._entries is not None
+            and self._written > _COMPACT_MIN_BYTES
+            and self._written > _COMPACT_FACTOR * self._live_estimate
+        ):
+            snapshot = dict(self._entries())  # entries are replaced, never changed: consistent
+            self._written = 0
+            self._live_estimate = sum(len(k) + len(e.value) + 48 for k, e in snapshot.items())
+            lease = encode_clock(Hlc(self._lease_ms, 0, "journal"))
+
+            def records() -> Iterator[bytes]:
+                yield from self._snapshot(snapshot)
+                yield lease
+
+            self._queue.put(_Compact(records))
+
+    def _stored(self, entry: Entry) -> StoredEntry:
+        expires = entry.expires_at_ms
+        wall = None if expires is None else self._wall() + (expires - self._monotonic())
+        return StoredEntry(entry.value, entry.version, entry.fencing_token, wall)
+
+    def _snapshot(self, entries: dict[bytes, Entry]) -> Iterator[bytes]:
+        for key, entry in entries.items():
+            yield encode_set(key, self._stored(entry))
+
+    # ---- the writer thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch: list[bytes] = []
+            stop = False
+            while True:
+                if item is None:
+                    stop = True
+                    break
+                if isinstance(item, _Compact):
+                    self._write(batch)
+                    batch = []
+                    self._rewrite(list(item.records()))
+                else:
+                    batch.append(item)
+                if len(batch) >= _MAX_BATCH:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._write(batch)
+            if stop:
+                return
+
+    def _write(self, batch: list[bytes]) -> None:
+        if not batch or self._file is None:
+            return
+        try:
+            _write_all(self._file, b"".join(batch))
+            os.fsync(self._file)
+        except OSError as exc:
+            if self.failed is None:
+                log.error("cannot write %s (changes are no longer kept): %s", self.path, exc)
+            self.failed = exc
+
+    def _rewrite(self, records: list[bytes]) -> None:
+        """Replaces the log atomically with ``records`` and appends to the new one."""
+        temporary = self.path.with_suffix(".tmp")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, b"".join(records))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temporary, self.path)
+            directory = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+            if self._file is not None:
+                os.close(self._file)
+            self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            if self._thread is None:
+                raise PersistenceError(f"cannot write {self.path}: {exc}") from None
+            log.error("cannot compact %s: %s", self.path, exc)
+            self.failed = exc
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

@@ -1,0 +1,174 @@
+"""`agent emulator` flags, as a real process: security, limits, the data directory."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.emulator.certs import Authority
+from tests.emulator.conftest import RawClient
+from tests.support.paho_client import PahoStoreClient
+from tests.support.processes import AgentProcess
+
+READY = re.compile(r"ready at (mqtts?)://([^:\s]+):(\d+)")
+PASSWORD = "pa55-word-never-logged"
+
+
+def run_emulator(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent", "emulator", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def started(*args: str) -> tuple[AgentProcess, int]:
+    process = AgentProcess(["emulator", "--port", "0", *args], merge_stderr=True)
+    match = process.wait_for(READY)
+    return process, int(match.group(3))
+
+
+def test_help_documents_the_security_flags_and_file_formats() -> None:
+    out = run_emulator("--help").stdout
+    for flag in ("--authz", "--users", "--sat-tokens", "--tls-cert", "--tls-key", "--client-ca"):
+        assert flag in out
+    assert "stateStoreResources" in out and "certificateSubjects" in out
+    assert "--max-packet-size" in out and "--data-dir" in out
+
+
+@pytest.mark.parametrize(
+    ("files", "args", "names"),
+    [
+        ({"rules.json": "{"}, ["--authz", "rules.json"], "--authz"),
+        (
+            {"rules.json": json.dumps({"rules": [{"principals": {}}]})},
+            ["--authz", "rules.json"],
+            "rules[0].principals",
+        ),
+        ({}, ["--authz", "missing.json"], "--authz"),
+        ({"users.json": json.dumps({"alice": ""})}, ["--users", "users.json"], "--users"),
+        ({"tokens": "\n"}, ["--sat-tokens", "tokens"], "--sat-tokens"),
+        ({"cert.pem": "x"}, ["--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
+        ({"a.pem": "x", "b.pem": "y"}, ["--tls-cert", "a.pem", "--tls-key", "b.pem"], "a.pem"),
+        ({}, ["--max-packet-size", "10"], "--max-packet-size"),
+        ({}, ["--external", "mqtt://127.0.0.1:1", "--authz", "r.json"], "--authz"),
+    ],
+)
+def test_settings_that_make_no_sense_exit_78_naming_the_flag(
+    tmp_path: Path, files: dict[str, str], args: list[str], names: str
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    resolved = [
+        str(tmp_path / a) if (tmp_path / a).exists() or a.endswith(".json") else a for a in args
+    ]
+    result = run_emulator(*resolved)
+    assert result.returncode == 78, result
+    assert names in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_users_file_error_does_not_show_the_passwords(tmp_path: Path) -> None:
+    users = tmp_path / "users.json"
+    users.write_text('{"alice": "' + PASSWORD + '", "bob": 5}')
+    result = run_emulator("--users", str(users))
+    assert result.returncode == 78
+    assert PASSWORD not in result.stderr + result.stdout
+
+
+def test_mutual_tls_users_and_rules_through_the_command(tmp_path: Path) -> None:
+    ca = Authority(tmp_path)
+    server = ca.issue("localhost", server=True)
+    client_cert = ca.issue("gw1")
+    (tmp_path / "users.json").write_text(json.dumps({"operator": PASSWORD}))
+    (tmp_path / "rules.json").write_text(
+        json.dumps(
+            {
+                "rules": [
+                    {
+                        "principals": {"usernames": ["operator"]},
+                        "brokerResources": [
+                            {"method": "Connect"},
+                            {"method": "Subscribe", "topics": ["clients/{principal.clientId}/#"]},
+                        ],
+                        "stateStoreResources": [
+                            {"keyType": "Pattern", "keys": ["line1/*"], "method": "ReadWrite"}
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    process, port = started(
+        "--tls-cert", str(server.cert), "--tls-key", str(server.key),
+        "--client-ca", str(ca.cert_file),
+        "--users", str(tmp_path / "users.json"), "--authz", str(tmp_path / "rules.json"),
+        "--log-level", "DEBUG",
+    )  # fmt: skip
+    try:
+        assert process.wait_for(READY).group(1) == "mqtts"
+
+        def configure(client: object) -> None:
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(ca.cert_file))
+            context.load_cert_chain(client_cert.cert, client_cert.key)
+            client.tls_set_context(context)  # type: ignore[attr-defined]
+            client.username_pw_set("operator", PASSWORD)  # type: ignore[attr-defined]
+
+        client = PahoStoreClient("127.0.0.1", port, "op", configure=configure)
+        try:
+            assert client.request("SET", "line1/a", "1").payload == b"+OK\r\n"
+            assert client.request("SET", "line2/a", "1").payload == b"-ERR not authorized\r\n"
+        finally:
+            client.close()
+        process.drain()
+    finally:
+        assert process.stop() == 0
+    output = "".join(process.lines)
+    assert "client op connected" in output  # the log was read, at DEBUG
+    assert PASSWORD not in output
+
+
+def test_limits_from_the_command_line_are_advertised() -> None:
+    process, port = started("--max-packet-size", "2048")
+    try:
+        raw = RawClient(port)
+        assert raw.connect("c").properties.maximum_packet_size == 2048
+        raw.close()
+    finally:
+        assert process.stop() == 0
+
+
+def test_the_data_directory_keeps_the_store_across_restarts(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for round_ in range(2):
+        process, port = started("--data-dir", str(data))
+        try:
+            client = PahoStoreClient("127.0.0.1", port, f"c{round_}")
+            try:
+                if round_ == 0:
+                    assert client.request("SET", "kept", "42").payload == b"+OK\r\n"
+                    assert client.request("SET", "brief", "x", "PX", "100").payload == b"+OK\r\n"
+                else:
+                    assert client.request("GET", "kept").payload == b"$2\r\n42\r\n"
+                    assert client.request("GET", "brief").payload == b"$-1\r\n"
+            finally:
+                client.close()
+        finally:
+            assert process.stop() == 0
+    assert (data / "store.log").exists()
+
+
+def test_an_unusable_data_directory_exits_78(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = run_emulator("--data-dir", str(blocker / "sub"))
+    assert result.returncode == 78
+    assert "--data-dir" in result.stderr

@@ -1,0 +1,181 @@
+"""The store kept on disk across restarts: contents, deadlines, the clock, torn records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.emulator import persistence
+from agent.emulator.persistence import (
+    StoredEntry,
+    StoreJournal,
+    encode_clock,
+    encode_delete,
+    encode_set,
+    replay,
+)
+from agent.emulator.store import StateStore
+from agent.protocol.hlc import Hlc
+from agent.protocol.resp3 import decode_response, encode_request
+
+NOW = 1_700_000_000_000
+
+
+class Clocks:
+    def __init__(self) -> None:
+        self.wall = NOW
+        self.mono = 5_000
+
+    def advance(self, ms: int) -> None:
+        self.wall += ms
+        self.mono += ms
+
+
+def ts(clocks: Clocks, ahead_ms: int = 0, counter: int = 0) -> str:
+    return str(Hlc(clocks.wall + ahead_ms, counter, "client"))
+
+
+class Service:
+    """A store with its journal, started and stopped as EmbeddedStateStore does."""
+
+    def __init__(self, directory: Path, clocks: Clocks) -> None:
+        self.clocks = clocks
+        self.journal = StoreJournal(directory, lambda: clocks.wall, lambda: clocks.mono)
+        self.store = StateStore(lambda: clocks.wall, lambda: clocks.mono, journal=self.journal)
+        loaded = self.journal.load()
+        self.dropped = loaded.dropped_bytes
+        for key, e in loaded.entries.items():
+            self.store.restore(key, e.value, e.version, e.fencing_token, e.expires_at_wall_ms)
+        if loaded.clock_bound is not None:
+            self.store.restore_clock(loaded.clock_bound)
+        self.journal.open(self.store.entries, self.store.clock.current)
+
+    def request(self, *args: str, timestamp: str | None = None, token: str | None = None):  # type: ignore[no-untyped-def]
+        outcome = self.store.handle(
+            "c1",
+            encode_request([a.encode() for a in args]),
+            timestamp or ts(self.clocks),
+            token,
+        )
+        return decode_response(outcome.reply.payload), outcome.reply.timestamp
+
+    def stop(self) -> None:
+        self.journal.close()
+
+
+def test_contents_versions_tokens_and_deadlines_survive_a_restart(tmp_path: Path) -> None:
+    clocks = Clocks()
+    first = Service(tmp_path, clocks)
+    _, lock_version = first.request("SET", "lock", "a", "NEX", "PX", "10000")
+    assert lock_version is not None
+    first.request("SET", "fenced", "1", token=str(lock_version))
+    first.request("SET", "plain", "x")
+    first.request("SET", "short", "y", "PX", "1000")
+    first.request("SET", "gone", "z")
+    first.request("DEL", "gone")
+    versions = {k: first.store.entry(k.encode()).version for k in ("plain", "fenced")}  # type: ignore[union-attr]
+    first.stop()
+
+    clocks.advance(3_000)  # down for 3 s: "short" expired meanwhile, "lock" has 7 s left
+    clocks.mono = 42  # a reboot: the monotonic clock starts again
+    second = Service(tmp_path, clocks)
+    store = second.store
+    assert set(store.entries()) == {b"lock", b"fenced", b"plain"}
+    assert second.request("GET", "plain")[0] == b"x"
+    assert store.entry(b"plain").version == versions["plain"]  # type: ignore[union-attr]
+    assert store.entry(b"fenced").fencing_token == lock_version  # type: ignore[union-attr]
+    assert second.request("SET", "fenced", "2")[0].text == (  # type: ignore[union-attr]
+        "a fencing token is required for this request"
+    )
+    assert store.next_expiry_ms() == 42 + 7_000
+    clocks.advance(7_000)
+    store.expire()
+    assert store.entry(b"lock") is None
+    second.stop()
+
+
+def test_the_clock_never_goes_back_across_a_restart(tmp_path: Path) -> None:
+    clocks = Clocks()
+    first = Service(tmp_path, clocks)
+    # A client 59 s ahead moves the clock; KEYNOTIFY hands out such a timestamp unwritten.
+    _, issued = first.request("KEYNOTIFY", "k", timestamp=ts(clocks, 59_000, 99_998))
+    assert issued is not None
+    first.stop()
+    clocks.advance(1)
+    second = Service(tmp_path, clocks)
+    _, after = second.request("SET", "k", "v")
+    assert after is not None and after > issued
+    second.stop()
+
+
+def test_a_torn_last_record_is_dropped_and_the_rest_kept(tmp_path: Path) -> None:
+    clocks = Clocks()
+    first = Service(tmp_path, clocks)
+    for index in range(10):
+        first.request("SET", f"k{index}", str(index))
+    first.stop()
+    log = tmp_path / persistence.LOG_NAME
+    whole = log.read_bytes()
+    log.write_bytes(whole + encode_set(b"k10", _entry(b"10"))[:-3])  # a crash mid-write
+    second = Service(tmp_path, clocks)
+    assert second.dropped > 0
+    assert {k.decode() for k in second.store.entries()} == {f"k{i}" for i in range(10)}
+    second.request("SET", "after", "1")
+    second.stop()
+    third = Service(tmp_path, clocks)  # the torn bytes were cut, the new record is whole
+    assert third.dropped == 0
+    assert b"after" in third.store.entries()
+    third.stop()
+
+
+def test_the_log_is_compacted(tmp_path: Path) -> None:
+    clocks = Clocks()
+    service = Service(tmp_path, clocks)
+    value = "v" * 1000
+    for _ in range(6000):  # 6 MB written for one live key
+        service.request("SET", "k", value)
+    service.stop()
+    assert (tmp_path / persistence.LOG_NAME).stat().st_size < 2 << 20
+    again = Service(tmp_path, clocks)
+    assert again.request("GET", "k")[0] == value.encode()
+    again.stop()
+
+
+def _entry(value: bytes, expiry: int | None = None) -> StoredEntry:
+    return StoredEntry(value, Hlc(NOW, 1, "s"), None, expiry)
+
+
+records = st.one_of(
+    st.builds(
+        lambda k, v, e: encode_set(k, _entry(v, e)),
+        st.binary(min_size=1, max_size=8),
+        st.binary(max_size=8),
+        st.none() | st.integers(0, 2**62),
+    ),
+    st.builds(encode_delete, st.binary(min_size=1, max_size=8)),
+    st.builds(lambda w: encode_clock(Hlc(w, 0, "s")), st.integers(0, 10**12)),
+)
+
+
+@given(st.lists(records, max_size=12), st.data())
+def test_every_cut_of_a_log_loads_a_prefix_of_it(log: list[bytes], data: st.DataObject) -> None:
+    whole = b"".join(log)
+    cut = data.draw(st.integers(0, len(whole)))
+    loaded = replay(whole[:cut])
+    # What loads is exactly the state after the whole records before the cut.
+    boundary = 0
+    whole_records = 0
+    for record in log:
+        if boundary + len(record) > cut:
+            break
+        boundary += len(record)
+        whole_records += 1
+    assert loaded.dropped_bytes == cut - boundary
+    assert loaded.entries == replay(b"".join(log[:whole_records])).entries
+
+
+@given(st.binary(max_size=200))
+def test_garbage_never_raises(data: bytes) -> None:
+    replay(data)
