@@ -15,8 +15,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from agent.client.session import (
     AuthenticationFailed,
@@ -28,12 +26,8 @@ from agent.client.session import (
     SessionError,
     SessionTimeout,
     SubscribeFailed,
-    backoff_delay,
-    build_ssl_context,
-    topic_matches,
-    validate_topic,
-    validate_topic_filter,
 )
+from agent.client.tls import build_ssl_context
 from agent.config import MqttSettings, TlsSettings
 from tests.client.conftest import (
     KEY_PASSWORD,
@@ -79,101 +73,7 @@ class Inbox:
         return await asyncio.wait_for(self.queue.get(), within)
 
 
-# --- Pure helpers ----------------------------------------------------------------------------
-
-
-def test_backoff_ceiling_doubles_up_to_the_maximum() -> None:
-    bounds: list[tuple[float, float]] = []
-
-    def record(low: float, high: float) -> float:
-        bounds.append((low, high))
-        return high
-
-    delays = [backoff_delay(n, 0.5, 30.0, record) for n in range(9)]
-    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
-    assert all(low == 0.0 for low, _ in bounds)
-    assert backoff_delay(10_000, 0.5, 30.0, record) == 30.0  # no overflow on long outages
-
-
-def test_backoff_full_jitter_with_a_seeded_random() -> None:
-    rng = random.Random(1234)
-    delays = [backoff_delay(n, 0.5, 30.0, rng.uniform) for n in range(12)]
-    same = random.Random(1234)
-    assert delays == [backoff_delay(n, 0.5, 30.0, same.uniform) for n in range(12)]
-    for n, delay in enumerate(delays):
-        assert 0.0 <= delay <= min(30.0, 0.5 * 2**n)
-    # Full jitter spreads attempts over the whole interval, not around one value.
-    spread = [backoff_delay(3, 0.5, 30.0, rng.uniform) for _ in range(2000)]
-    assert min(spread) < 0.4 and max(spread) > 3.6
-    assert len(set(spread)) == len(spread)
-
-
-@given(
-    attempt=st.integers(min_value=0, max_value=10**6),
-    minimum=st.floats(min_value=0.001, max_value=10),
-    extra=st.floats(min_value=0, max_value=100),
-    seed=st.integers(),
-)
-def test_backoff_stays_within_bounds(attempt: int, minimum: float, extra: float, seed: int) -> None:
-    maximum = minimum + extra
-    delay = backoff_delay(attempt, minimum, maximum, random.Random(seed).uniform)
-    assert 0.0 <= delay <= min(maximum, minimum * 2.0 ** min(attempt, 64))
-
-
-def test_backoff_rejects_a_negative_attempt() -> None:
-    with pytest.raises(ValueError):
-        backoff_delay(-1, 0.5, 30.0)
-
-
-@pytest.mark.parametrize(
-    ("topic_filter", "topic", "expected"),
-    [
-        ("a/b", "a/b", True),
-        ("a/b", "a/c", False),
-        ("a/+", "a/b", True),
-        ("a/+", "a/b/c", False),
-        ("a/+", "a/", True),
-        ("+/b", "a/b", True),
-        ("a/#", "a", True),
-        ("a/#", "a/b/c", True),
-        ("a/#", "b", False),
-        ("#", "a/b", True),
-        ("#", "$SYS/x", False),
-        ("+/x", "$SYS/x", False),
-        ("$SYS/#", "$SYS/broker/log", True),
-        ("$share/g/a/+", "a/b", True),
-        ("$share/g/a/+", "b/b", False),
-        ("a/b/c", "a/b", False),
-        ("a/b", "a/b/c", False),
-    ],
-)
-def test_topic_matches(topic_filter: str, topic: str, expected: bool) -> None:
-    assert topic_matches(topic_filter, topic) is expected
-
-
-level = st.text(alphabet="abc", max_size=3)
-
-
-@given(st.lists(level, min_size=1, max_size=5), st.data())
-def test_topic_matches_itself_and_wildcards(levels: list[str], data: st.DataObject) -> None:
-    topic = "/".join(levels)
-    assert topic_matches(topic, topic)
-    assert topic_matches("#", topic)
-    index = data.draw(st.integers(0, len(levels) - 1))
-    assert topic_matches("/".join([*levels[:index], "+", *levels[index + 1 :]]), topic)
-    assert topic_matches("/".join([*levels[:index], "#"]), topic)
-
-
-@pytest.mark.parametrize("topic_filter", ["", "a/#/b", "a#", "a/b+", "$share/g", "$share//a"])
-def test_invalid_topic_filters(topic_filter: str) -> None:
-    with pytest.raises(ValueError):
-        validate_topic_filter(topic_filter)
-
-
-@pytest.mark.parametrize("topic", ["", "a/+", "a/#", "a\x00b"])
-def test_invalid_topics(topic: str) -> None:
-    with pytest.raises(ValueError):
-        validate_topic(topic)
+# --- Settings ---------------------------------------------------------------------------------
 
 
 def test_ssl_context_from_settings(pki: Pki) -> None:

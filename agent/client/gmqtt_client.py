@@ -1,0 +1,189 @@
+"""The one module that imports gmqtt: a gmqtt 0.8 client as the session needs it.
+
+Everything that reaches into gmqtt's private internals is here, so that a gmqtt upgrade is
+checked in one place (gmqtt is pinned to 0.8.x):
+
+- gmqtt reconnects by itself with a fixed delay and, on a CONNACK refusing MQTT 5, silently
+  downgrades to 3.1.1: ``reconnect()`` is overridden to do neither (the session reconnects).
+- gmqtt ignores the PUBACK reason code and has no PUBACK callback: the package handler's
+  ``_handle_puback_packet`` is wrapped.
+- gmqtt's ``publish()`` does not return the packet id: ``_connection.publish`` is called.
+- Dropping the TCP connection at once needs ``_connection._transport``.
+- A refused CONNACK comes as ``MQTTConnectError`` whose code is in ``_code``.
+
+The session sees typed callbacks (``on_connack(receive_maximum, subscription_ids)``,
+``on_message(Message, identifiers)``, ``on_ack(packet_id, result)``, ``on_lost(reason)``)
+and this project's ``Message``, never gmqtt's property dictionaries.
+"""
+
+from __future__ import annotations
+
+import ssl
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import gmqtt  # type: ignore[import-untyped]
+from gmqtt.mqtt.constants import MQTTv50  # type: ignore[import-untyped]
+from gmqtt.mqtt.handler import MQTTConnectError  # type: ignore[import-untyped]
+
+from agent.client.session_errors import connack_error
+from agent.message import Message
+
+__all__ = ["GmqttClient"]
+
+
+class GmqttClient(gmqtt.Client):  # type: ignore[misc]
+    """One connection's gmqtt client: no reconnect of its own, typed callbacks."""
+
+    def __init__(
+        self,
+        client_id: str,
+        *,
+        on_connack: Callable[[int, bool], None],
+        on_message: Callable[[Message, list[int]], None],
+        on_undecodable: Callable[[], None],
+        on_ack: Callable[[int, Any], None],
+        on_lost: Callable[[int | None], None],
+        on_downgrade: Callable[[], None],
+    ) -> None:
+        super().__init__(client_id)
+        self._on_downgrade = on_downgrade
+        self.on_connect = _connack_callback(on_connack)
+        self.on_message = _message_callback(on_message, on_undecodable)
+        self.on_disconnect = _disconnect_callback(on_lost)
+        self.on_subscribe = _suback_callback(on_ack)
+        self.on_unsubscribe = _suback_callback(on_ack)
+
+        handler = self._package_handler
+        original = handler._handle_puback_packet
+
+        def handle_puback(cmd: int, packet: bytes) -> None:
+            original(cmd, packet)  # frees the packet id
+            (mid,) = struct.unpack("!H", packet[:2])
+            # MQTT 5 §3.4.2.1: no reason code byte means 0x00 (success).
+            on_ack(mid, packet[2] if len(packet) > 2 else 0)
+
+        # gmqtt's handler looks its per-packet methods up by name, so an instance attribute
+        # takes precedence.
+        handler._handle_puback_packet = handle_puback
+
+    async def open(
+        self, host: str, port: int, *, ssl_context: ssl.SSLContext | None, keepalive: int
+    ) -> None:
+        """TCP, TLS, CONNECT and a successful CONNACK; raises ConnectionRefused on a refusal."""
+        try:
+            await self.connect(
+                host, port, ssl=ssl_context or False, keepalive=keepalive, version=MQTTv50,
+                raise_exc=True,
+            )  # fmt: skip
+        except MQTTConnectError as exc:
+            raise connack_error(int(getattr(exc, "_code", 0x80))) from None
+
+    async def reconnect(self, delay: bool = False) -> None:
+        # gmqtt calls this after a lost connection and after a refused CONNACK; the session
+        # reconnects instead. On CONNACK "unacceptable protocol version" to an MQTT 5 CONNECT,
+        # gmqtt has just switched itself to 3.1.1 and calls this to reconnect with it: refuse.
+        if self.downgraded:
+            self._on_downgrade()
+
+    @property
+    def downgraded(self) -> bool:
+        """Whether gmqtt switched itself to MQTT 3.1.1 after a CONNACK refusing MQTT 5."""
+        return bool(self._connection_state.protocol_version != MQTTv50)
+
+    def publish_mid(self, message: Message) -> int | None:
+        """Send a PUBLISH; return its packet id (None for QoS 0)."""
+        properties: dict[str, Any] = {}
+        if message.response_topic is not None:
+            properties["response_topic"] = message.response_topic
+        if message.correlation_data is not None:
+            properties["correlation_data"] = message.correlation_data
+        if message.content_type is not None:
+            properties["content_type"] = message.content_type
+        if message.message_expiry_interval is not None:
+            properties["message_expiry_interval"] = message.message_expiry_interval
+        if message.user_properties:
+            properties["user_property"] = message.user_properties
+        packet = gmqtt.Message(
+            message.topic, message.payload, qos=message.qos, retain=message.retain, **properties
+        )
+        mid, _ = self._connection.publish(packet)
+        return mid  # type: ignore[no-any-return]
+
+    def subscribe_mid(self, topic_filter: str, qos: int, identifier: int | None) -> int:
+        """Send a SUBSCRIBE (with a subscription identifier, if given); return its packet id."""
+        extra = {"subscription_identifier": identifier} if identifier is not None else {}
+        return int(self.subscribe(topic_filter, qos=qos, **extra))
+
+    def unsubscribe_mid(self, topic_filter: str) -> int:
+        return int(self.unsubscribe(topic_filter))
+
+    def abort(self) -> None:
+        """Drop the TCP connection at once (no DISCONNECT, no TLS close_notify)."""
+        connection = self._connection
+        if connection is not None and not connection.is_closing():
+            connection._transport.abort()
+
+
+# --- gmqtt's callbacks, turned into the session's --------------------------------------------
+# gmqtt hands properties over as a dict of lists (a property may appear more than once).
+
+
+def _first(props: dict[str, Any], name: str) -> Any:
+    values = props.get(name)
+    return values[0] if isinstance(values, list) and values else None
+
+
+def _connack_callback(on_connack: Callable[[int, bool], None]) -> Callable[..., None]:
+    def on_connect(_client: Any, _flags: int, _rc: int, props: Any) -> None:
+        # Only called for a successful CONNACK.
+        props = props if isinstance(props, dict) else {}
+        receive_maximum = _first(props, "receive_maximum")
+        available = props.get("sub_id_available")
+        on_connack(
+            receive_maximum if isinstance(receive_maximum, int) else 65535,
+            not (isinstance(available, list) and available == [0]),
+        )
+
+    return on_connect
+
+
+def _message_callback(
+    on_message: Callable[[Message, list[int]], None], on_undecodable: Callable[[], None]
+) -> Callable[..., None]:
+    def deliver(_client: Any, topic: Any, payload: bytes, qos: int, props: Any) -> None:
+        if not isinstance(topic, str):
+            on_undecodable()
+            return
+        correlation = _first(props, "correlation_data")
+        message = Message(
+            topic=topic,
+            payload=bytes(payload),
+            qos=qos,
+            retain=bool(props.get("retain")),
+            response_topic=_first(props, "response_topic"),
+            correlation_data=bytes(correlation) if correlation is not None else None,
+            content_type=_first(props, "content_type"),
+            message_expiry_interval=_first(props, "message_expiry_interval"),
+            user_properties=[(str(k), str(v)) for k, v in props.get("user_property", [])],
+        )
+        on_message(message, props.get("subscription_identifier") or [])
+
+    return deliver
+
+
+def _disconnect_callback(on_lost: Callable[[int | None], None]) -> Callable[..., None]:
+    def on_disconnect(_client: Any, packet: Any = None, *_: Any) -> None:
+        # A DISCONNECT from the broker carries a reason code; the one gmqtt synthesises when
+        # the socket closes is empty.
+        on_lost(packet[0] if isinstance(packet, bytes | bytearray) and packet else None)
+
+    return on_disconnect
+
+
+def _suback_callback(on_ack: Callable[[int, Any], None]) -> Callable[..., None]:
+    def on_suback(_client: Any, mid: int, codes: Any, *_: Any) -> None:
+        on_ack(mid, list(codes))
+
+    return on_suback

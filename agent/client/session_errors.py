@@ -1,0 +1,156 @@
+"""What the MQTT session raises, and how a CONNACK refusal is classified.
+
+Pure: no I/O and no gmqtt. ``connack_error`` decides whether retrying can help (a broker that
+is busy) or not (bad credentials, MQTT 5 refused).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# MQTT 5 reason codes (section 2.4) by the names the spec gives them where they are refusals.
+_REASON_NAMES: Final = {
+    0x00: "success",
+    0x01: "granted qos 1",
+    0x02: "granted qos 2",
+    0x10: "no matching subscribers",
+    0x11: "no subscription existed",
+    0x80: "unspecified error",
+    0x81: "malformed packet",
+    0x82: "protocol error",
+    0x83: "implementation specific error",
+    0x84: "unsupported protocol version",
+    0x85: "client identifier not valid",
+    0x86: "bad user name or password",
+    0x87: "not authorized",
+    0x88: "server unavailable",
+    0x89: "server busy",
+    0x8A: "banned",
+    0x8B: "server shutting down",
+    0x8C: "bad authentication method",
+    0x8D: "keep alive timeout",
+    0x8E: "session taken over",
+    0x8F: "topic filter invalid",
+    0x90: "topic name invalid",
+    0x91: "packet identifier in use",
+    0x93: "receive maximum exceeded",
+    0x95: "packet too large",
+    0x96: "message rate too high",
+    0x97: "quota exceeded",
+    0x98: "administrative action",
+    0x99: "payload format invalid",
+    0x9A: "retain not supported",
+    0x9B: "qos not supported",
+    0x9C: "use another server",
+    0x9D: "server moved",
+    0x9E: "shared subscriptions not supported",
+    0x9F: "connection rate exceeded",
+    0xA1: "subscription identifiers not supported",
+    0xA2: "wildcard subscriptions not supported",
+}
+
+UNSUPPORTED_PROTOCOL_VERSION: Final = 0x84
+V311_UNACCEPTABLE_PROTOCOL: Final = 0x01  # what a 3.1.1 broker answers an MQTT 5 CONNECT
+BAD_USERNAME_OR_PASSWORD: Final = 0x86
+NOT_AUTHORIZED: Final = 0x87
+BAD_AUTHENTICATION_METHOD: Final = 0x8C
+SESSION_TAKEN_OVER: Final = 0x8E
+# CONNACK reason codes that retrying cannot fix; anything else not listed (server unavailable
+# or busy, quota or rate exceeded, unspecified) is treated as transient.
+_FATAL_CONNACK: Final = frozenset(
+    {0x81, 0x82, 0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C, 0x90, 0x95, 0x99, 0x9A, 0x9B, 0x9C, 0x9D}
+)
+
+
+class SessionError(Exception):
+    """Base class of every error the session raises."""
+
+
+class NotConnected(SessionError, ConnectionError):
+    """The session has no connection to the broker (or lost it before the acknowledgement)."""
+
+
+class SessionTimeout(SessionError, TimeoutError):
+    """A connect, publish, subscribe or unsubscribe did not complete within its timeout."""
+
+
+class ConnectionRefused(SessionError):
+    """The broker answered CONNECT with a failure reason code."""
+
+    def __init__(self, reason_code: int, message: str, *, fatal: bool) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+        self.fatal = fatal
+
+
+class ProtocolVersionRefused(ConnectionRefused):
+    """The broker does not accept MQTT 5. Fatal: the agent never falls back to MQTT 3.1.1."""
+
+
+class AuthenticationFailed(ConnectionRefused):
+    """The broker refused the credentials or the client certificate. Fatal."""
+
+
+class PublishFailed(SessionError):
+    """The broker answered a QoS 1 PUBLISH with a failure reason code (>= 0x80)."""
+
+    def __init__(self, topic: str, reason_code: int) -> None:
+        super().__init__(f"the broker refused the publish to {topic!r}: {reason_name(reason_code)}")
+        self.topic = topic
+        self.reason_code = reason_code
+
+
+class SubscribeFailed(SessionError):
+    """The broker answered a SUBSCRIBE or UNSUBSCRIBE with a failure reason code (>= 0x80)."""
+
+    def __init__(self, topic_filter: str, reason_code: int, *, unsubscribe: bool = False) -> None:
+        verb = "unsubscribe from" if unsubscribe else "subscription to"
+        super().__init__(
+            f"the broker refused the {verb} {topic_filter!r}: {reason_name(reason_code)}"
+        )
+        self.topic_filter = topic_filter
+        self.reason_code = reason_code
+
+
+def reason_name(code: int) -> str:
+    """``0x87 (not authorized)``."""
+    return f"0x{code:02X} ({_REASON_NAMES.get(code, 'unknown reason')})"
+
+
+def connack_error(code: int) -> ConnectionRefused:
+    """The error for a CONNACK refusing the connection with ``code``."""
+    name = reason_name(code)
+    if code in (UNSUPPORTED_PROTOCOL_VERSION, V311_UNACCEPTABLE_PROTOCOL):
+        return ProtocolVersionRefused(
+            code,
+            f"the broker refused MQTT 5 (CONNACK {name}); the agent needs MQTT 5 and does not "
+            "fall back to MQTT 3.1.1, which loses every message property",
+            fatal=True,
+        )
+    if code in (BAD_USERNAME_OR_PASSWORD, NOT_AUTHORIZED, BAD_AUTHENTICATION_METHOD):
+        return AuthenticationFailed(
+            code,
+            f"the broker refused the credentials (CONNACK {name}); check mqtt.username, "
+            "mqtt.password and the client certificate (mqtt.tls.cert_file)",
+            fatal=True,
+        )
+    fatal = code in _FATAL_CONNACK or code < 0x80
+    return ConnectionRefused(
+        code, f"the broker refused the connection (CONNACK {name})", fatal=fatal
+    )
+
+
+def describe(error: BaseException | None) -> str:
+    if error is None:
+        return "none"
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def disconnect_detail(reason: int | None) -> str:
+    """What to add to "lost its connection" for the DISCONNECT reason code, if any."""
+    if reason is None:
+        return ""
+    if reason == SESSION_TAKEN_OVER:
+        return " (DISCONNECT 0x8E: another client connected with the same client id)"
+    return f" (DISCONNECT {reason_name(reason)})"
