@@ -2,9 +2,15 @@
 
 Plain functions run synchronously as the message is read, before anything else can happen, so
 a response handler can never be held up by another handler. Coroutine functions get their own
-queue and task: messages reach each of them in order, one at a time, and a handler that
+bounded queue and task: messages reach each of them in order, one at a time, and a handler that
 awaits a request whose response arrives through the session does not block anything else (only
 a handler awaiting a message that would be delivered to itself could wait on itself).
+
+A coroutine handler that falls behind by ``queue_limit`` messages loses the oldest of them: the
+session cannot push back on the broker without holding up every other handler, and for the
+state-like messages of this project the newest is the one that matters. The first drop of a
+backlog is logged as a warning, the catch-up with the count dropped when the queue is empty
+again; ``HandlerEntry.dropped`` counts them, and ``on_drop`` is called for each.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from agent.message import Message
 Handler: TypeAlias = Callable[[Message], Awaitable[None] | None]
 Logger: TypeAlias = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
+DEFAULT_QUEUE_LIMIT = 1000
+
 
 class HandlerEntry:
     """One registered handler of one subscription."""
@@ -32,22 +40,29 @@ class HandlerEntry:
         client_id: str,
         log: Logger,
         spawn: Callable[[Awaitable[None]], None],
+        queue_limit: int = DEFAULT_QUEUE_LIMIT,
+        on_drop: Callable[[], None] = lambda: None,
     ) -> None:
+        if queue_limit < 1:
+            raise ValueError("queue_limit must be at least 1")
         self.callback = callback
         self._client_id = client_id
         self._log = log
         self._spawn = spawn
+        self._on_drop = on_drop
         self._queue: asyncio.Queue[Message] | None = (
-            asyncio.Queue() if inspect.iscoroutinefunction(callback) else None
+            asyncio.Queue(queue_limit) if inspect.iscoroutinefunction(callback) else None
         )
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self.dropped = 0
+        self._dropped_in_backlog = 0
 
     def deliver(self, message: Message) -> None:
         if self._closed:
             return  # unsubscribed while this message was being dispatched
         if self._queue is not None:
-            self._queue.put_nowait(message)
+            self._enqueue(self._queue, message)
             if self._task is None:
                 self._task = asyncio.get_running_loop().create_task(self._serve(self._queue))
             return
@@ -60,6 +75,22 @@ class HandlerEntry:
             # A plain function that returned an awaitable: run it, but do not wait for it.
             self._spawn(self._await(result, message))
 
+    def _enqueue(self, queue: asyncio.Queue[Message], message: Message) -> None:
+        if queue.full():
+            queue.get_nowait()  # the oldest
+            self.dropped += 1
+            self._dropped_in_backlog += 1
+            self._on_drop()
+            if self._dropped_in_backlog == 1:
+                self._log.warning(
+                    "MQTT client %s: handler %r is %d messages behind on %r: dropping the oldest",
+                    self._client_id,
+                    self.callback,
+                    queue.maxsize,
+                    message.topic,
+                )
+        queue.put_nowait(message)
+
     async def _await(self, awaitable: Awaitable[None], message: Message) -> None:
         try:
             await awaitable
@@ -68,6 +99,14 @@ class HandlerEntry:
 
     async def _serve(self, queue: asyncio.Queue[Message]) -> None:
         while not self._closed:  # a handler may unsubscribe itself from inside this task
+            if queue.empty() and self._dropped_in_backlog:
+                self._log.warning(
+                    "MQTT client %s: handler %r caught up, having lost %d messages",
+                    self._client_id,
+                    self.callback,
+                    self._dropped_in_backlog,
+                )
+                self._dropped_in_backlog = 0
             message = await queue.get()
             try:
                 await self.callback(message)  # type: ignore[misc]

@@ -40,7 +40,7 @@ from typing import Any, Final, TypeAlias
 
 from agent.backoff import Backoff
 from agent.client.gmqtt_client import GmqttClient
-from agent.client.handlers import Handler, HandlerEntry, Subscription
+from agent.client.handlers import DEFAULT_QUEUE_LIMIT, Handler, HandlerEntry, Subscription
 from agent.client.link import Link
 from agent.client.session_errors import (
     V311_UNACCEPTABLE_PROTOCOL,
@@ -104,6 +104,7 @@ class Session:
         client_id: str | None = None,
         logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
         rng: random.Random | None = None,
+        handler_queue_limit: int = DEFAULT_QUEUE_LIMIT,
     ) -> None:
         self._settings = settings
         if client_id is None:
@@ -113,6 +114,11 @@ class Session:
         self._client_id = check_client_id(client_id)
         self._log = logger or _log
         self._backoff = Backoff(settings.reconnect_min_s, settings.reconnect_max_s, rng=rng)
+        # A coroutine handler that falls this far behind loses its oldest messages (handlers.py).
+        if handler_queue_limit < 1:
+            raise ValueError("handler_queue_limit must be at least 1")
+        self._handler_queue_limit = handler_queue_limit
+        self._dropped = 0
         self._ssl = build_ssl_context(settings.tls)
         self._where = f"{settings.host}:{settings.port}"
 
@@ -149,6 +155,11 @@ class Session:
     def error(self) -> SessionError | None:
         """The fatal error that ended the session, if any."""
         return self._error
+
+    @property
+    def dropped_messages(self) -> int:
+        """Messages a coroutine handler lost because it fell ``handler_queue_limit`` behind."""
+        return self._dropped
 
     @property
     def inflight_limit(self) -> int | None:
@@ -314,6 +325,8 @@ class Session:
             client_id=self._client_id,
             log=self._log,
             spawn=self._spawn,
+            queue_limit=self._handler_queue_limit,
+            on_drop=self._count_drop,
         )
         subscription = self._subscriptions.get(topic_filter)
         previous_qos = subscription.qos if subscription is not None else None
@@ -748,6 +761,9 @@ class Session:
         self._connected = False
         self._closed.set()
         self._ready.set()  # wake waiters so they see the end
+
+    def _count_drop(self) -> None:
+        self._dropped += 1
 
     def _spawn(self, awaitable: Awaitable[None]) -> None:
         task = asyncio.ensure_future(awaitable)

@@ -545,6 +545,56 @@ async def test_async_handler_gets_messages_in_order(mosquitto: Mosquitto) -> Non
         await session.stop()
 
 
+async def test_a_handler_that_falls_behind_loses_its_oldest_messages(
+    mosquitto: Mosquitto, log_watch: LogWatch
+) -> None:
+    session = Session(fast_settings(mosquitto.port), client_id=unique(), handler_queue_limit=5)
+    await session.start(timeout=5)
+    try:
+        release = asyncio.Event()
+        handled: list[int] = []
+        done = asyncio.Event()
+
+        async def stuck(message: Message) -> None:
+            await release.wait()
+            handled.append(int(message.payload))
+            if len(handled) == 6:
+                done.set()
+
+        arrived = Inbox()  # a plain handler: it sees each message as it is read
+        await session.subscribe("behind/x", stuck)
+        await session.subscribe("behind/x", arrived)
+        for i in range(9):
+            await session.publish("behind/x", str(i).encode())
+        for _ in range(9):
+            await arrived.get()
+        # Message 0 is in the handler's hands; the queue holds 5, the newest: 4 to 8.
+        assert session.dropped_messages == 3
+        warning = await log_watch.wait_for("dropping the oldest")
+        assert warning.levelno == logging.WARNING and "5 messages behind" in warning.getMessage()
+        assert len(log_watch.matching("dropping the oldest")) == 1  # once per backlog
+        release.set()
+        await asyncio.wait_for(done.wait(), 5)
+        assert handled == [0, 4, 5, 6, 7, 8]
+        await log_watch.wait_for("caught up, having lost 3 messages")
+
+        # A new backlog is reported again.
+        release.clear()
+        for i in range(9, 16):
+            await session.publish("behind/x", str(i).encode())
+        for _ in range(7):
+            await arrived.get()
+        assert session.dropped_messages == 4
+        assert len(log_watch.matching("dropping the oldest")) == 2
+    finally:
+        await session.stop()
+
+
+def test_the_handler_queue_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="handler_queue_limit"):
+        Session(MqttSettings(), handler_queue_limit=0)
+
+
 async def test_unsubscribe_and_handler_errors(mosquitto: Mosquitto, log_watch: LogWatch) -> None:
     session = await started(fast_settings(mosquitto.port))
     try:
