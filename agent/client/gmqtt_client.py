@@ -10,6 +10,8 @@ checked in one place (gmqtt is pinned to 0.8.x):
 - gmqtt's ``publish()`` does not return the packet id: ``_connection.publish`` is called.
 - Dropping the TCP connection at once needs ``_connection._transport``.
 - A refused CONNACK comes as ``MQTTConnectError`` whose code is in ``_code``.
+- gmqtt's property table lacks Authentication Data (0x16), which K8S-SAT authentication needs
+  in CONNECT: ``_register_authentication_data()`` adds it (see there for the way upstream).
 
 The session sees typed callbacks (``on_connack(receive_maximum, subscription_ids)``,
 ``on_message(Message, identifiers)``, ``on_ack(packet_id, result)``, ``on_lost(reason)``)
@@ -26,11 +28,47 @@ from typing import Any
 import gmqtt  # type: ignore[import-untyped]
 from gmqtt.mqtt.constants import MQTTv50  # type: ignore[import-untyped]
 from gmqtt.mqtt.handler import MQTTConnectError  # type: ignore[import-untyped]
+from gmqtt.mqtt.property import (  # type: ignore[import-untyped]
+    PROPERTIES,
+    PROPERTIES_BY_ID,
+    PROPERTIES_BY_NAME,
+    Property,
+)
 
+from agent.client.credentials import Credentials
 from agent.client.session_errors import connack_error
 from agent.message import Message
 
 __all__ = ["GmqttClient"]
+
+AUTHENTICATION_DATA = 0x16
+
+
+def _register_authentication_data() -> None:
+    """Teach gmqtt the Authentication Data property (0x16, Binary Data), as ``auth_data``.
+
+    gmqtt 0.8 knows Authentication Method (``auth_method``, 0x15) but not its data, so it would
+    drop ``auth_data=`` from CONNECT with a warning, and disconnect on a CONNACK or AUTH that
+    carries it ("invalid property id"). Its encoder and decoder find properties by name and id
+    in two module-level tables; adding the entry to both is all it takes, and it changes
+    nothing for a client that does not use it.
+
+    Upstream, this is one line in ``PROPERTIES`` of ``gmqtt/mqtt/property.py``:
+    ``Property(22, 'b', 'auth_data', ['CONNECT', 'CONNACK', 'AUTH'])``, with a test that a
+    CONNECT built with ``auth_method=...`` and ``auth_data=...`` carries both. Multi-step
+    methods (SCRAM and the like) would also need gmqtt to handle AUTH packets (0xF0), which it
+    ignores today; K8S-SAT is a single step, CONNECT then CONNACK. Once a gmqtt release has the
+    entry, this function finds it there and does nothing.
+    """
+    if AUTHENTICATION_DATA in PROPERTIES_BY_ID:
+        return
+    entry = Property(AUTHENTICATION_DATA, "b", "auth_data", ["CONNECT", "CONNACK", "AUTH"])
+    PROPERTIES.append(entry)
+    PROPERTIES_BY_ID[AUTHENTICATION_DATA] = entry
+    PROPERTIES_BY_NAME[entry.name] = entry
+
+
+_register_authentication_data()
 
 
 class GmqttClient(gmqtt.Client):  # type: ignore[misc]
@@ -40,6 +78,7 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
         self,
         client_id: str,
         *,
+        credentials: Credentials,
         on_connack: Callable[[int, bool], None],
         on_message: Callable[[Message, list[int]], None],
         on_undecodable: Callable[[], None],
@@ -47,7 +86,15 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
         on_lost: Callable[[int | None], None],
         on_downgrade: Callable[[], None],
     ) -> None:
-        super().__init__(client_id)
+        connect_properties: dict[str, Any] = {}
+        if credentials.auth_method is not None:
+            connect_properties["auth_method"] = credentials.auth_method
+            if credentials.auth_data is not None:
+                connect_properties["auth_data"] = credentials.auth_data
+        super().__init__(client_id, **connect_properties)
+        self._token_auth = credentials.auth_method is not None
+        if credentials.username is not None:
+            self.set_auth_credentials(credentials.username, credentials.password)
         self._on_downgrade = on_downgrade
         self.on_connect = _connack_callback(on_connack)
         self.on_message = _message_callback(on_message, on_undecodable)
@@ -78,7 +125,8 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
                 raise_exc=True,
             )  # fmt: skip
         except MQTTConnectError as exc:
-            raise connack_error(int(getattr(exc, "_code", 0x80))) from None
+            code = int(getattr(exc, "_code", 0x80))
+            raise connack_error(code, token_auth=self._token_auth) from None
 
     async def reconnect(self, delay: bool = False) -> None:
         # gmqtt calls this after a lost connection and after a refused CONNACK; the session

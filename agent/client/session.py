@@ -14,6 +14,9 @@ gmqtt speaks the protocol; this layer closes the gaps that matter for a long-run
   own timeout (``wait_connected=True``); nothing is silently dropped.
 - A broker that refuses MQTT 5 is a fatal ``ProtocolVersionRefused`` (gmqtt would silently fall
   back to 3.1.1 and lose every property), and so are bad credentials.
+- Credentials: user name and password, a client certificate (``mqtt.tls``), or a Kubernetes
+  service account token (MQTT 5 enhanced authentication, method K8S-SAT, ``mqtt.sat_file``),
+  read anew for every connection so that a rotated token is used.
 
 Each connection uses a fresh gmqtt client (``Link``): no state of a dead connection (packet
 ids, subscription bookkeeping, a protocol downgrade) can leak into the next one. The session
@@ -22,8 +25,9 @@ connections and in-flight QoS 1 publishes fail with ``NotConnected`` when the li
 caller decides whether to resend).
 
 The concerns around it have modules of their own: ``session_errors`` (what it raises, CONNACK
-classification), ``agent.backoff``, ``agent.protocol.mqtt_topics``, ``tls``, ``gmqtt_client``
-(everything gmqtt), ``link`` (one connection's in-flight window) and ``handlers``.
+classification), ``agent.backoff``, ``agent.protocol.mqtt_topics``, ``tls``, ``credentials``,
+``gmqtt_client`` (everything gmqtt), ``link`` (one connection's in-flight window) and
+``handlers``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final, TypeAlias
 
 from agent.backoff import Backoff
+from agent.client.credentials import exposed_secret, read_credentials
 from agent.client.gmqtt_client import GmqttClient
 from agent.client.handlers import DEFAULT_QUEUE_LIMIT, Handler, HandlerEntry, Subscription
 from agent.client.link import Link
@@ -577,6 +582,15 @@ class Session:
 
     async def _supervise(self) -> None:
         settings = self._settings
+        secret = exposed_secret(settings)
+        if secret is not None:
+            self._log.warning(
+                "MQTT client %s sends %s to %s without TLS: anyone on the way can read it "
+                "(set mqtt.tls)",
+                self._client_id,
+                secret,
+                self._where,
+            )
         try:
             while not self._stopping:
                 link: Link | None = None
@@ -633,9 +647,15 @@ class Session:
         if self._reconnect_ceiling is not None:
             # A black-holed attempt must not use up the time the ceiling is there to save.
             connect_timeout = min(connect_timeout, max(1.0, 4 * self._reconnect_ceiling))
+        # The token file is read anew for every attempt (rotation), in a thread (file I/O).
+        if settings.sat_file is not None:
+            credentials = await asyncio.to_thread(read_credentials, settings)
+        else:
+            credentials = read_credentials(settings)
         link = Link(self._where)
         client = GmqttClient(
             self._client_id,
+            credentials=credentials,
             on_connack=lambda receive_maximum, ids: link.connack(
                 receive_maximum, ids, settings.max_inflight
             ),
@@ -646,9 +666,6 @@ class Session:
             on_downgrade=functools.partial(self._on_downgrade, link),
         )
         link.client = client
-        if settings.username is not None:
-            password = settings.password.get_secret_value() if settings.password else None
-            client.set_auth_credentials(settings.username, password)
 
         connect = asyncio.ensure_future(
             client.open(

@@ -88,7 +88,7 @@ class ProtocolVersionRefused(ConnectionRefused):
 
 
 class AuthenticationFailed(ConnectionRefused):
-    """The broker refused the credentials or the client certificate. Fatal."""
+    """The broker refused the credentials, the token or the client certificate. Fatal."""
 
 
 class PublishFailed(SessionError):
@@ -117,14 +117,25 @@ def reason_name(code: int) -> str:
     return f"0x{code:02X} ({_REASON_NAMES.get(code, 'unknown reason')})"
 
 
-def connack_error(code: int) -> ConnectionRefused:
-    """The error for a CONNACK refusing the connection with ``code``."""
+def connack_error(code: int, *, token_auth: bool = False) -> ConnectionRefused:
+    """The error for a CONNACK refusing the connection with ``code``.
+
+    ``token_auth``: the CONNECT carried a Kubernetes service account token (K8S-SAT), so a
+    refusal of the credentials is a refusal of the token.
+    """
     name = reason_name(code)
     if code in (UNSUPPORTED_PROTOCOL_VERSION, V311_UNACCEPTABLE_PROTOCOL):
         return ProtocolVersionRefused(
             code,
             f"the broker refused MQTT 5 (CONNACK {name}); the agent needs MQTT 5 and does not "
             "fall back to MQTT 3.1.1, which loses every message property",
+            fatal=True,
+        )
+    if token_auth and code in (NOT_AUTHORIZED, BAD_AUTHENTICATION_METHOD, BAD_USERNAME_OR_PASSWORD):
+        return AuthenticationFailed(
+            code,
+            f"the broker refused the token (CONNACK {name}); check mqtt.sat_file (the service "
+            "account token and its audience) and that the broker accepts K8S-SAT on this port",
             fatal=True,
         )
     if code in (BAD_USERNAME_OR_PASSWORD, NOT_AUTHORIZED, BAD_AUTHENTICATION_METHOD):

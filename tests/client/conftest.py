@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import MqttSettings
+from agent.emulator import mqtt_packets
 from tests.support.mosquitto import Mosquitto, mosquitto_binary
 
 # --- A raw listener that plays a broker just far enough to read CONNECT ----------------------
@@ -28,6 +29,15 @@ class Connect:
     flags: int
     keepalive: int
     at: float
+    raw: bytes  # the whole packet, as sent
+
+    def decoded(self) -> mqtt_packets.Connect:
+        """The packet as the project's own MQTT codec reads it."""
+        reader = mqtt_packets.PacketReader()
+        reader.feed(self.raw)
+        packet = reader.next_packet()
+        assert isinstance(packet, mqtt_packets.Connect), packet
+        return packet
 
     @property
     def clean_start(self) -> bool:
@@ -48,6 +58,15 @@ async def _read_packet(reader: asyncio.StreamReader) -> tuple[int, bytes]:
         if not byte & 0x80:
             break
     return header, await reader.readexactly(length)
+
+
+def _variable_byte_integer(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value % 128, value // 128
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 def _first_filter(subscribe_body: bytes) -> str:
@@ -105,8 +124,9 @@ class RawBroker:
             name_length = int.from_bytes(body[:2], "big")
             level, flags = body[2 + name_length], body[3 + name_length]
             keepalive = int.from_bytes(body[4 + name_length : 6 + name_length], "big")
+            raw = bytes([header]) + _variable_byte_integer(len(body)) + body
             async with self._changed:
-                self.connects.append(Connect(level, flags, keepalive, time.monotonic()))
+                self.connects.append(Connect(level, flags, keepalive, time.monotonic(), raw))
                 self._changed.notify_all()
             if self.reply is not None:
                 writer.write(self.reply)
