@@ -9,6 +9,8 @@ checked in one place (gmqtt is pinned to 0.8.x):
   ``_handle_puback_packet`` is wrapped.
 - gmqtt's ``publish()`` does not return the packet id: ``_connection.publish`` is called.
 - Dropping the TCP connection at once needs ``_connection._transport``.
+- The exception a connection ends with (a TLS alert) is only logged by gmqtt: the protocol's
+  ``connection_lost`` is wrapped in ``_create_connection`` to report it.
 - A refused CONNACK comes as ``MQTTConnectError`` whose code is in ``_code``.
 - gmqtt's property table lacks Authentication Data (0x16), which K8S-SAT authentication needs
   in CONNECT: ``_register_authentication_data()`` adds it (see there for the way upstream).
@@ -85,6 +87,7 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
         on_ack: Callable[[int, Any], None],
         on_lost: Callable[[int | None], None],
         on_downgrade: Callable[[], None],
+        on_transport_error: Callable[[BaseException], None] = lambda exc: None,
     ) -> None:
         connect_properties: dict[str, Any] = {}
         if credentials.auth_method is not None:
@@ -96,6 +99,7 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
         if credentials.username is not None:
             self.set_auth_credentials(credentials.username, credentials.password)
         self._on_downgrade = on_downgrade
+        self._on_transport_error = on_transport_error
         self.on_connect = _connack_callback(on_connack)
         self.on_message = _message_callback(on_message, on_undecodable)
         self.on_disconnect = _disconnect_callback(on_lost)
@@ -127,6 +131,27 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
         except MQTTConnectError as exc:
             code = int(getattr(exc, "_code", 0x80))
             raise connack_error(code, token_auth=self._token_auth) from None
+
+    async def _create_connection(
+        self, host: str, port: int, ssl: Any, clean_session: bool, keepalive: int
+    ) -> Any:
+        connection = await super()._create_connection(
+            host, port=port, ssl=ssl, clean_session=clean_session, keepalive=keepalive
+        )
+        # gmqtt logs the exception a connection ends with, and tells nobody. It is the only
+        # sign of a TLS alert that comes after the handshake (TLS 1.3: the broker refusing
+        # our client certificate), so pass it on.
+        protocol = connection._protocol
+        original = protocol.connection_lost
+        report = self._on_transport_error
+
+        def connection_lost(exc: BaseException | None) -> None:
+            if exc is not None:
+                report(exc)
+            original(exc)
+
+        protocol.connection_lost = connection_lost
+        return connection
 
     async def reconnect(self, delay: bool = False) -> None:
         # gmqtt calls this after a lost connection and after a refused CONNACK; the session

@@ -24,6 +24,7 @@ class Link:
         self.lost = asyncio.Event()
         self.refused_v5 = False
         self.disconnect_reason: int | None = None
+        self.transport_error: BaseException | None = None  # what the connection ended with
         self.subscription_identifiers = True  # the CONNACK says otherwise if unsupported
         self.window = asyncio.Semaphore(1)  # replaced at CONNACK
         self.limit = 1
@@ -58,6 +59,10 @@ class Link:
         ack: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.pending[mid] = ack
         return ack
+
+    def ended_with(self, error: BaseException) -> None:
+        if self.transport_error is None:
+            self.transport_error = error
 
     def acknowledged(self, mid: int, result: Any) -> None:
         ack = self.pending.pop(mid, None)

@@ -37,6 +37,7 @@ import functools
 import itertools
 import logging
 import random
+import ssl
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -50,6 +51,7 @@ from agent.client.link import Link
 from agent.client.session_errors import (
     V311_UNACCEPTABLE_PROTOCOL,
     AuthenticationFailed,
+    ConnectFailed,
     ConnectionRefused,
     NotConnected,
     ProtocolVersionRefused,
@@ -57,9 +59,11 @@ from agent.client.session_errors import (
     SessionError,
     SessionTimeout,
     SubscribeFailed,
+    TlsHangUp,
     connack_error,
-    describe,
+    describe_connect_failure,
     disconnect_detail,
+    is_definitive,
 )
 from agent.client.tls import build_ssl_context
 from agent.config import MqttSettings, check_client_id, default_client_id
@@ -68,6 +72,7 @@ from agent.protocol.mqtt_topics import topic_matches, validate_topic_filter, val
 
 __all__ = [
     "AuthenticationFailed",
+    "ConnectFailed",
     "ConnectionRefused",
     "Handler",
     "Message",
@@ -144,6 +149,8 @@ class Session:
         self._first_up = asyncio.Event()
         self._closed = asyncio.Event()
         self._reconnect_ceiling: float | None = None
+        self._fail_fast = False
+        self._start_waiting = False
 
     # --- state ---
 
@@ -176,15 +183,23 @@ class Session:
 
     # The timeouts are parameters, as in aiomqtt, because each request has its own default
     # (request_timeout_s) and the session needs to know which wait timed out to say so.
-    async def start(self, *, wait: bool = True, timeout: float | None = None) -> None:
+    async def start(
+        self, *, wait: bool = True, timeout: float | None = None, fail_fast: bool = False
+    ) -> None:
         """Start connecting (retrying with backoff until ``stop()`` or a fatal refusal).
 
         With ``wait``, return once connected and the first run of the on-connect hooks is over;
         raise the fatal error (``ProtocolVersionRefused``, ``AuthenticationFailed``, ...) or
         ``SessionTimeout`` after ``timeout`` seconds. A failed start leaves the session stopped.
+
+        ``fail_fast`` is for a person waiting on a command: until the first connection, a
+        failure that retrying will not soon fix (connection refused, unknown host, TLS
+        verification) ends the session at once with ``ConnectFailed``; timeouts and resets are
+        still retried. Once connected, every failure is retried as usual.
         """
         if self._supervisor is not None or self._closed.is_set():
             raise RuntimeError("a session can be started only once")
+        self._fail_fast = fail_fast
         self._supervisor = asyncio.get_running_loop().create_task(
             self._supervise(), name=f"mqtt-session-{self._client_id}"
         )
@@ -192,12 +207,14 @@ class Session:
             return
         up = asyncio.ensure_future(self._first_up.wait())
         closed = asyncio.ensure_future(self._closed.wait())
+        self._start_waiting = True
         try:
             await asyncio.wait((up, closed), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             await self.stop()
             raise
         finally:
+            self._start_waiting = False
             up.cancel()
             closed.cancel()
         if self._first_up.is_set():
@@ -212,7 +229,8 @@ class Session:
                 f"within {timeout} s"
             )
         else:
-            last = f" (last error: {describe(self._last_error)})" if self._last_error else ""
+            failure = self._last_error
+            last = f" (last error: {describe_connect_failure(failure)})" if failure else ""
             error = SessionTimeout(f"could not connect to {self._where} within {timeout} s{last}")
         await self.stop()
         raise error
@@ -618,6 +636,14 @@ class Session:
                     self._link_lost(link, None)
                 if self._stopping:
                     return
+                if (
+                    failure is not None
+                    and self._fail_fast
+                    and not self._first_up.is_set()
+                    and is_definitive(failure)
+                ):
+                    self._fail(ConnectFailed(describe_connect_failure(failure)))
+                    return
                 delay = self._backoff.next_delay(ceiling=self._reconnect_ceiling)
                 if failure is not None:
                     self._last_error = failure
@@ -625,7 +651,7 @@ class Session:
                         "MQTT client %s could not connect to %s: %s; retrying in %.2f s",
                         self._client_id,
                         self._where,
-                        describe(failure),
+                        describe_connect_failure(failure),
                         delay,
                     )
                 else:
@@ -664,6 +690,7 @@ class Session:
             on_ack=link.acknowledged,
             on_lost=functools.partial(self._link_lost, link),
             on_downgrade=functools.partial(self._on_downgrade, link),
+            on_transport_error=link.ended_with,
         )
         link.client = client
 
@@ -694,11 +721,13 @@ class Session:
                 ok = True
                 return link
             if lost in done:
-                hint = ""
-                if self._ssl is not None and settings.tls.cert_file is None:
-                    # What a broker that requires a client certificate looks like from here.
-                    hint = " (does it require a client certificate? see mqtt.tls.cert_file)"
-                raise NotConnected(f"the broker closed the connection before CONNACK{hint}")
+                if isinstance(link.transport_error, ssl.SSLError):
+                    raise link.transport_error  # a TLS alert: what went wrong, in its words
+                if self._ssl is not None:
+                    # What a broker refusing our certificate (or the lack of one) looks like
+                    # when its alert is lost to the connection reset.
+                    raise TlsHangUp(settings.tls.cert_file is not None)
+                raise NotConnected("the broker closed the connection before CONNACK")
             raise SessionTimeout(f"no CONNACK within {connect_timeout:g} s (connect_timeout_s)")
         finally:
             lost.cancel()
@@ -771,7 +800,12 @@ class Session:
 
     def _fail(self, error: SessionError) -> None:
         self._error = error
-        self._log.error("MQTT client %s gives up on %s: %s", self._client_id, self._where, error)
+        # A start() waiting for the first connection raises the error to its caller, who
+        # reports it; otherwise this line is all an operator gets.
+        level = logging.DEBUG if self._start_waiting else logging.ERROR
+        self._log.log(
+            level, "MQTT client %s gives up on %s: %s", self._client_id, self._where, error
+        )
         self._close()
 
     def _close(self) -> None:

@@ -1,11 +1,15 @@
-"""What the MQTT session raises, and how a CONNACK refusal is classified.
+"""What the MQTT session raises, and how a CONNACK refusal or a failed connect is classified.
 
 Pure: no I/O and no gmqtt. ``connack_error`` decides whether retrying can help (a broker that
-is busy) or not (bad credentials, MQTT 5 refused).
+is busy) or not (bad credentials, MQTT 5 refused); ``is_definitive`` decides which network
+failures a person waiting at a command line should hear about at once rather than after the
+retries (the long-running agent retries them all).
 """
 
 from __future__ import annotations
 
+import socket
+import ssl
 from typing import Final
 
 # MQTT 5 reason codes (section 2.4) by the names the spec gives them where they are refusals.
@@ -62,6 +66,20 @@ _FATAL_CONNACK: Final = frozenset(
 )
 
 
+# TLS alerts a broker sends when it does not accept the client certificate (OpenSSL's names).
+_CLIENT_CERTIFICATE_REFUSED: Final = frozenset(
+    {
+        "TLSV1_ALERT_UNKNOWN_CA",
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+        "SSLV3_ALERT_CERTIFICATE_REVOKED",
+        "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+        "TLSV1_ALERT_ACCESS_DENIED",
+    }
+)
+
+
 class SessionError(Exception):
     """Base class of every error the session raises."""
 
@@ -72,6 +90,25 @@ class NotConnected(SessionError, ConnectionError):
 
 class SessionTimeout(SessionError, TimeoutError):
     """A connect, publish, subscribe or unsubscribe did not complete within its timeout."""
+
+
+class TlsHangUp(NotConnected):
+    """The broker closed a TLS connection before CONNACK, without a TLS alert to say why: how
+    a broker that refuses the client certificate, or its absence, can look from here."""
+
+    def __init__(self, with_certificate: bool) -> None:
+        hint = (
+            "does it accept the client certificate? see mqtt.tls.cert_file"
+            if with_certificate
+            else "does it require a client certificate? see mqtt.tls.cert_file"
+        )
+        super().__init__(f"the broker closed the TLS connection before CONNACK ({hint})")
+
+
+class ConnectFailed(SessionError, ConnectionError):
+    """A connection attempt failed in a way that waiting will not soon change (nothing listens
+    on the port, the host name does not resolve, the broker's certificate does not verify),
+    and the session was started to give up on such failures (``start(fail_fast=True)``)."""
 
 
 class ConnectionRefused(SessionError):
@@ -149,6 +186,50 @@ def connack_error(code: int, *, token_auth: bool = False) -> ConnectionRefused:
     return ConnectionRefused(
         code, f"the broker refused the connection (CONNACK {name})", fatal=fatal
     )
+
+
+def is_definitive(error: BaseException) -> bool:
+    """Whether a failed connection attempt will fail the same way for a while.
+
+    Nothing listening, an unknown host name, a certificate that does not verify and a TLS
+    handshake the broker refuses (with an alert, or by hanging up before CONNACK) will not
+    change within a command's timeout; a timeout, an unreachable network, a connection closed
+    without TLS or a busy broker may.
+    """
+    if isinstance(error, ssl.SSLError):
+        # An EOF in the handshake is a peer that went away, which may be a restart.
+        return not isinstance(error, ssl.SSLEOFError | ssl.SSLZeroReturnError)
+    return isinstance(error, ConnectionRefusedError | socket.gaierror | TlsHangUp)
+
+
+def describe_connect_failure(error: BaseException) -> str:
+    """A failed connection attempt in words an operator can act on (after "host:port: ")."""
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused: nothing accepts connections there"
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve the host name: {error.strerror or error}"
+    if isinstance(error, ssl.SSLCertVerificationError):
+        reason = error.verify_message or error.reason or str(error)
+        return (
+            f"TLS: the broker's certificate does not verify: {reason} "
+            "(check mqtt.host and mqtt.tls.ca_file)"
+        )
+    if isinstance(error, ssl.SSLError):
+        reason = error.reason or ""
+        if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
+            return (
+                "TLS: the broker requires a client certificate "
+                "(set mqtt.tls.cert_file and mqtt.tls.key_file)"
+            )
+        if reason in _CLIENT_CERTIFICATE_REFUSED:
+            return (
+                "TLS: the broker refused the client certificate "
+                f"({reason.replace('_', ' ').lower()}; check mqtt.tls.cert_file)"
+            )
+        if reason == "WRONG_VERSION_NUMBER":
+            return "TLS: the broker did not answer in TLS (a port without TLS?)"
+        return f"TLS: the handshake failed: {reason or error}"
+    return describe(error)
 
 
 def describe(error: BaseException | None) -> str:
