@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from agent.config import MqttSettings
 from agent.emulator import mqtt_packets
 from tests.support.mosquitto import Mosquitto, mosquitto_binary
 from tests.support.pki import KEY_PASSWORD, Pki, make_pki
+from tests.support.secured_broker import SecuredMosquitto
 
 __all__ = ["KEY_PASSWORD", "Pki"]
 
@@ -264,6 +266,24 @@ def configured_mosquitto() -> Iterator[Callable[[str], ConfiguredMosquitto]]:
 
     def make(config: str) -> ConfiguredMosquitto:
         broker = ConfiguredMosquitto(config)
+        brokers.append(broker)
+        broker.start()
+        return broker
+
+    yield make
+    for broker in brokers:
+        broker.stop()
+
+
+@pytest.fixture
+def secured() -> Iterator[Callable[..., SecuredMosquitto]]:
+    """Factory: ``secured(pki, require_certificate=..., users=..., server_cert=...)``."""
+    if mosquitto_binary() is None:
+        pytest.skip("mosquitto is not installed")
+    brokers: list[SecuredMosquitto] = []
+
+    def make(pki: Pki, **options: Any) -> SecuredMosquitto:
+        broker = SecuredMosquitto(pki, **options)
         brokers.append(broker)
         broker.start()
         return broker

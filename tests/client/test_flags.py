@@ -22,7 +22,6 @@ import pytest
 import agent.cli
 from agent.runtime import cli as agent_cli
 from tests.client.conftest import Pki, RawBroker
-from tests.support.mosquitto import mosquitto_binary
 from tests.support.processes import READY_URL, AgentProcess
 from tests.support.secured_broker import SecuredMosquitto
 
@@ -68,23 +67,6 @@ def emulator() -> Iterator[tuple[str, str]]:
     match = process.wait_for(READY_URL)
     yield match.group(1), match.group(2)
     process.stop()
-
-
-@pytest.fixture
-def secured() -> Iterator[Callable[..., SecuredMosquitto]]:
-    if mosquitto_binary() is None:
-        pytest.skip("mosquitto is not installed")
-    brokers: list[SecuredMosquitto] = []
-
-    def make(pki: Pki, **options: Any) -> SecuredMosquitto:
-        broker = SecuredMosquitto(pki, **options)
-        brokers.append(broker)
-        broker.start()
-        return broker
-
-    yield make
-    for broker in brokers:
-        broker.stop()
 
 
 def connected_line(stderr: str) -> re.Match[str] | None:

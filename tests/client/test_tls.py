@@ -14,7 +14,7 @@ import ssl
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,27 +30,9 @@ from agent.client.session import (
 from agent.client.tls import TlsSetupFailed, build_ssl_context
 from agent.config import TlsSettings
 from tests.client.conftest import KEY_PASSWORD, LogWatch, Pki, fast_settings
-from tests.support.mosquitto import mosquitto_binary
 from tests.support.secured_broker import SecuredMosquitto
 
 USER, PASSWORD = "edge-agent", "Tls-pa55word-42"
-
-
-@pytest.fixture
-def secured() -> Iterator[Callable[..., SecuredMosquitto]]:
-    if mosquitto_binary() is None:
-        pytest.skip("mosquitto is not installed")
-    brokers: list[SecuredMosquitto] = []
-
-    def make(pki: Pki, **options: Any) -> SecuredMosquitto:
-        broker = SecuredMosquitto(pki, **options)
-        brokers.append(broker)
-        broker.start()
-        return broker
-
-    yield make
-    for broker in brokers:
-        broker.stop()
 
 
 @dataclass(frozen=True)
