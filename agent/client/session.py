@@ -26,8 +26,8 @@ caller decides whether to resend).
 
 The concerns around it have modules of their own: ``session_errors`` (what it raises, CONNACK
 classification), ``agent.backoff``, ``agent.protocol.mqtt_topics``, ``tls``, ``credentials``,
-``gmqtt_client`` (everything gmqtt), ``link`` (one connection's in-flight window) and
-``handlers``.
+``gmqtt_client`` (everything gmqtt), ``link`` (opening one connection, and what is in
+flight on it) and ``handlers``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import functools
 import itertools
 import logging
 import random
-import ssl
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -45,11 +44,9 @@ from typing import Any, Final, TypeAlias
 
 from agent.backoff import Backoff
 from agent.client.credentials import exposed_secret, read_credentials
-from agent.client.gmqtt_client import GmqttClient
 from agent.client.handlers import DEFAULT_QUEUE_LIMIT, Handler, HandlerEntry, Subscription
-from agent.client.link import Link
+from agent.client.link import Link, open_link, wait_until
 from agent.client.session_errors import (
-    V311_UNACCEPTABLE_PROTOCOL,
     AuthenticationFailed,
     ConnectFailed,
     ConnectionRefused,
@@ -59,13 +56,11 @@ from agent.client.session_errors import (
     SessionError,
     SessionTimeout,
     SubscribeFailed,
-    TlsHangUp,
-    connack_error,
     describe_connect_failure,
     disconnect_detail,
     is_definitive,
 )
-from agent.client.tls import build_ssl_context
+from agent.client.tls import TlsSetupFailed, build_ssl_context
 from agent.config import MqttSettings, check_client_id, default_client_id
 from agent.message import Message
 from agent.protocol.mqtt_topics import topic_matches, validate_topic_filter, validate_topic_name
@@ -83,6 +78,7 @@ __all__ = [
     "SessionError",
     "SessionTimeout",
     "SubscribeFailed",
+    "TlsSetupFailed",
 ]
 
 _log = logging.getLogger(__name__)
@@ -472,7 +468,7 @@ class Session:
                 # Cannot suspend: there is room in the window.
                 ack = await link.send(functools.partial(client.publish_mid, message))
                 try:
-                    code = await _await_until(loop, ack, deadline_at)
+                    code = await wait_until(loop, ack, deadline_at)
                 except TimeoutError:
                     raise SessionTimeout(
                         f"publish to {topic!r}: no PUBACK within {limit} s"
@@ -567,10 +563,6 @@ class Session:
             self._log.warning(
                 "MQTT client %s: dropped a message whose topic is not UTF-8", self._client_id
             )
-
-    def _on_downgrade(self, link: Link) -> None:
-        link.refused_v5 = True
-        self._link_lost(link, None)
 
     def _link_lost(self, link: Link, reason: int | None) -> None:
         if not link.mark_lost(reason):
@@ -678,66 +670,16 @@ class Session:
             credentials = await asyncio.to_thread(read_credentials, settings)
         else:
             credentials = read_credentials(settings)
-        link = Link(self._where)
-        client = GmqttClient(
+        return await open_link(
+            settings,
             self._client_id,
-            credentials=credentials,
-            on_connack=lambda receive_maximum, ids: link.connack(
-                receive_maximum, ids, settings.max_inflight
-            ),
-            on_message=functools.partial(self._on_message, link),
-            on_undecodable=functools.partial(self._on_undecodable, link),
-            on_ack=link.acknowledged,
-            on_lost=functools.partial(self._link_lost, link),
-            on_downgrade=functools.partial(self._on_downgrade, link),
-            on_transport_error=link.ended_with,
+            credentials,
+            self._ssl,
+            connect_timeout=connect_timeout,
+            on_message=self._on_message,
+            on_undecodable=self._on_undecodable,
+            on_lost=self._link_lost,
         )
-        link.client = client
-
-        connect = asyncio.ensure_future(
-            client.open(
-                settings.host,
-                settings.port,
-                ssl_context=self._ssl,
-                keepalive=settings.keepalive_s,
-            )
-        )
-        lost = asyncio.ensure_future(link.lost.wait())
-        ok = False
-        try:
-            done, _ = await asyncio.wait(
-                (connect, lost),
-                timeout=connect_timeout,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if link.refused_v5 or client.downgraded:
-                raise connack_error(V311_UNACCEPTABLE_PROTOCOL)
-            if connect in done:
-                error = connect.exception()
-                if error is not None:
-                    raise error
-                if link.lost.is_set():
-                    raise NotConnected("the broker closed the connection right after CONNACK")
-                ok = True
-                return link
-            if lost in done:
-                if isinstance(link.transport_error, ssl.SSLError):
-                    raise link.transport_error  # a TLS alert: what went wrong, in its words
-                if self._ssl is not None:
-                    # What a broker refusing our certificate (or the lack of one) looks like
-                    # when its alert is lost to the connection reset.
-                    raise TlsHangUp(settings.tls.cert_file is not None)
-                raise NotConnected("the broker closed the connection before CONNACK")
-            raise SessionTimeout(f"no CONNACK within {connect_timeout:g} s (connect_timeout_s)")
-        finally:
-            lost.cancel()
-            if not ok:
-                connect.cancel()
-                # Let the cancellation land before closing what the attempt opened.
-                await asyncio.wait((connect,))
-                if not connect.cancelled():
-                    connect.exception()  # retrieved: it was reported above, or is moot
-                self._link_lost(link, None)
 
     async def _bring_up(self, link: Link) -> None:
         """Make every subscription, count as connected, then run the on-connect hooks."""
@@ -827,38 +769,3 @@ def _subscribe(link: Link, subscription: Subscription) -> int:
     assert link.client is not None
     identifier = subscription.identifier if link.subscription_identifiers else None
     return link.client.subscribe_mid(subscription.topic_filter, subscription.qos, identifier)
-
-
-async def _await_until(
-    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], deadline: float
-) -> Any:
-    """``await future``, raising TimeoutError once the loop time reaches ``deadline``.
-
-    What ``async with asyncio.timeout_at(deadline): await future`` does, for less: on expiry
-    the timer cancels ``future`` itself, which is what cancelling the waiting task would do
-    to it, and the wait ends in TimeoutError. A cancellation of the task from elsewhere
-    still ends it in CancelledError, as with asyncio.timeout_at().
-    """
-    task = asyncio.current_task(loop)
-    cancelling = task.cancelling() if task is not None else 0
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        if not future.done():
-            expired = True
-            future.cancel()
-
-    # As asyncio.Timeout schedules it: a deadline already past fires on the next iteration.
-    if deadline <= loop.time():
-        timer: asyncio.Handle = loop.call_soon(expire)
-    else:
-        timer = loop.call_at(deadline, expire)
-    try:
-        return await future
-    except asyncio.CancelledError:
-        if expired and (task is None or task.cancelling() <= cancelling):
-            raise TimeoutError from None
-        raise
-    finally:
-        timer.cancel()
