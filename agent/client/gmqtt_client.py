@@ -10,7 +10,8 @@ checked in one place (gmqtt is pinned to 0.8.x):
 - gmqtt's ``publish()`` does not return the packet id: ``_connection.publish`` is called.
 - Dropping the TCP connection at once needs ``_connection._transport``.
 - The exception a connection ends with (a TLS alert) is only logged by gmqtt: the protocol's
-  ``connection_lost`` is wrapped in ``_create_connection`` to report it.
+  ``connection_lost`` is wrapped in ``_create_connection`` to report it, and gmqtt's own
+  log line of it (a traceback) is filtered out.
 - A refused CONNACK comes as ``MQTTConnectError`` whose code is in ``_code``.
 - gmqtt's property table lacks Authentication Data (0x16), which K8S-SAT authentication needs
   in CONNECT: ``_register_authentication_data()`` adds it (see there for the way upstream).
@@ -22,6 +23,7 @@ and this project's ``Message``, never gmqtt's property dictionaries.
 
 from __future__ import annotations
 
+import logging
 import ssl
 import struct
 from collections.abc import Callable
@@ -71,6 +73,18 @@ def _register_authentication_data() -> None:
 
 
 _register_authentication_data()
+
+
+class _ConnectionLostFilter(logging.Filter):
+    """gmqtt logs the exception each connection ends with, traceback and all, at WARNING. The
+    session reports each loss once, with that exception's reason (``on_transport_error``):
+    an operator gets one line per event, not a traceback of an expected network failure."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("[EXC: CONN LOST]")
+
+
+logging.getLogger("gmqtt.mqtt.protocol").addFilter(_ConnectionLostFilter())
 
 
 class GmqttClient(gmqtt.Client):  # type: ignore[misc]

@@ -574,11 +574,13 @@ class Session:
         if self._stopping:
             self._log.info("MQTT client %s disconnected from %s", self._client_id, self._where)
         else:
+            error = link.transport_error
             self._log.warning(
                 "MQTT client %s lost its connection to %s%s",
                 self._client_id,
                 self._where,
-                disconnect_detail(link.disconnect_reason),
+                disconnect_detail(link.disconnect_reason)
+                or (f": {describe_connect_failure(error)}" if error is not None else ""),
             )
         for hook in list(self._disconnect_hooks):
             try:

@@ -382,6 +382,26 @@ async def test_session_taken_over_is_reported(
         await session.stop()
 
 
+async def test_a_lost_connection_is_one_line_saying_why(
+    raw_broker: RawBrokerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    broker = await raw_broker(CONNACK_SUCCESS)
+    session = await started(fast_settings(broker.port))
+    try:
+        # Unread data at the broker when it drops the connection: a reset, not a clean close.
+        await session.publish("x", b"y" * 200_000, qos=0)
+        broker.drop_clients()
+        await broker.wait_for(lambda: len(broker.connects) == 2)
+    finally:
+        await session.stop()
+    lost = [r for r in caplog.records if "lost its connection" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+    assert "Connection reset by peer" in lost[0].getMessage()
+    # Not also gmqtt's traceback of the same reset.
+    assert not [r for r in caplog.records if "CONN LOST" in r.getMessage() or r.exc_info]
+
+
 async def test_mqtt5_refused_with_connack_0x84_is_fatal(raw_broker: RawBrokerFactory) -> None:
     broker = await raw_broker(CONNACK_V5_UNSUPPORTED)
     session = Session(fast_settings(broker.port), client_id=unique())
