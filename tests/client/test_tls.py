@@ -28,7 +28,7 @@ from agent.client.session import (
     Session,
 )
 from agent.client.tls import TlsSetupFailed, build_ssl_context
-from agent.config import TlsSettings
+from agent.config import AgentSettings, TlsSettings
 from tests.client.conftest import KEY_PASSWORD, LogWatch, Pki, fast_settings
 from tests.support.secured_broker import SecuredMosquitto
 
@@ -188,6 +188,38 @@ async def test_user_name_and_password_over_mutual_tls(
     with pytest.raises(AuthenticationFailed, match="refused the credentials") as raised:
         await wrong.start(timeout=60)  # fatal for the long-running session too: no retry
     assert "not-it" not in str(raised.value)
+
+
+async def test_password_and_key_passphrase_from_systemd_credentials(
+    pki: Pki,
+    secured: Callable[..., SecuredMosquitto],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The agent's own settings path: LoadCredential= files in $CREDENTIALS_DIRECTORY.
+    broker = secured(pki, require_certificate=True, users={USER: PASSWORD})
+    (tmp_path / "mqtt-password").write_text(PASSWORD + "\n")
+    (tmp_path / "mqtt-key-password").write_text(KEY_PASSWORD + "\n")
+    for name in [n for n in os.environ if n.upper().startswith("AGENT_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    settings = AgentSettings(
+        device_id="thermostat-1",
+        mqtt={  # type: ignore[arg-type]
+            "host": "127.0.0.1",
+            "port": broker.port,
+            "username": USER,
+            "tls": {
+                "ca_file": pki.ca,
+                "cert_file": pki.client_cert,
+                "key_file": pki.client_key_encrypted,
+            },
+        },
+    )
+    assert settings.mqtt.password is not None and settings.mqtt.tls.key_password is not None
+    session = Session(settings.mqtt, client_id=settings.client_id)
+    await session.start(timeout=10, fail_fast=True)
+    await session.stop()
 
 
 # --- The context itself ----------------------------------------------------------------------
