@@ -27,7 +27,7 @@ import logging
 import ssl
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import gmqtt  # type: ignore[import-untyped]
 from gmqtt.mqtt.constants import MQTTv50  # type: ignore[import-untyped]
@@ -43,7 +43,7 @@ from agent.client.credentials import Credentials
 from agent.client.session_errors import connack_error
 from agent.message import Message
 
-__all__ = ["GmqttClient"]
+__all__ = ["GmqttClient", "OutgoingMessage", "outgoing"]
 
 AUTHENTICATION_DATA = 0x16
 
@@ -179,23 +179,9 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
         """Whether gmqtt switched itself to MQTT 3.1.1 after a CONNACK refusing MQTT 5."""
         return bool(self._connection_state.protocol_version != MQTTv50)
 
-    def publish_mid(self, message: Message) -> int | None:
-        """Send a PUBLISH; return its packet id (None for QoS 0)."""
-        properties: dict[str, Any] = {}
-        if message.response_topic is not None:
-            properties["response_topic"] = message.response_topic
-        if message.correlation_data is not None:
-            properties["correlation_data"] = message.correlation_data
-        if message.content_type is not None:
-            properties["content_type"] = message.content_type
-        if message.message_expiry_interval is not None:
-            properties["message_expiry_interval"] = message.message_expiry_interval
-        if message.user_properties:
-            properties["user_property"] = message.user_properties
-        packet = gmqtt.Message(
-            message.topic, message.payload, qos=message.qos, retain=message.retain, **properties
-        )
-        mid, _ = self._connection.publish(packet)
+    def publish_mid(self, message: OutgoingMessage) -> int | None:
+        """Send a PUBLISH made by ``outgoing()``; return its packet id (None for QoS 0)."""
+        mid, _ = self._connection.publish(message)
         return mid  # type: ignore[no-any-return]
 
     def subscribe_mid(self, topic_filter: str, qos: int, identifier: int | None) -> int:
@@ -211,6 +197,37 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
         connection = self._connection
         if connection is not None and not connection.is_closing():
             connection._transport.abort()
+
+
+# A message ready to send: built once per publish() by outgoing(), sent by publish_mid() (a
+# gmqtt.Message; the session does not look inside).
+OutgoingMessage: TypeAlias = Any
+
+
+def outgoing(
+    topic: str,
+    payload: bytes,
+    *,
+    qos: int,
+    retain: bool,
+    response_topic: str | None,
+    correlation_data: bytes | None,
+    content_type: str | None,
+    message_expiry_interval: int | None,
+    user_properties: list[tuple[str, str]],
+) -> OutgoingMessage:
+    properties: dict[str, Any] = {}
+    if response_topic is not None:
+        properties["response_topic"] = response_topic
+    if correlation_data is not None:
+        properties["correlation_data"] = correlation_data
+    if content_type is not None:
+        properties["content_type"] = content_type
+    if message_expiry_interval is not None:
+        properties["message_expiry_interval"] = message_expiry_interval
+    if user_properties:
+        properties["user_property"] = user_properties
+    return gmqtt.Message(topic, payload, qos=qos, retain=retain, **properties)
 
 
 # --- gmqtt's callbacks, turned into the session's --------------------------------------------

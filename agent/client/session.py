@@ -44,6 +44,7 @@ from typing import Any, Final, TypeAlias
 
 from agent.backoff import Backoff
 from agent.client.credentials import exposed_secret, read_credentials
+from agent.client.gmqtt_client import outgoing
 from agent.client.handlers import DEFAULT_QUEUE_LIMIT, Handler, HandlerEntry, Subscription
 from agent.client.link import Link, open_link, wait_until
 from agent.client.session_errors import (
@@ -441,7 +442,7 @@ class Session:
         # gmqtt would turn str, numbers and JSON-able objects into bytes; insist on bytes.
         if not isinstance(payload, _BYTES_LIKE):
             raise TypeError("payload must be bytes")
-        message = Message(
+        message = outgoing(
             topic,
             bytes(payload),
             qos=qos,
