@@ -53,6 +53,12 @@ _DEFAULT_CLIENT_ID_MAX = 64
 _MODEL_CONFIG = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
 
+def _existing_file(value: Path | None) -> Path | None:
+    if value is not None and not value.is_file():
+        raise ValueError(f"file not found: {value}")
+    return value
+
+
 class TlsSettings(BaseModel):
     """TLS towards the broker. Setting any of the files turns TLS on."""
 
@@ -78,9 +84,7 @@ class TlsSettings(BaseModel):
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
     def _file_exists(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_file():
-            raise ValueError(f"file not found: {value}")
-        return value
+        return _existing_file(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -113,6 +117,12 @@ class MqttSettings(BaseModel):
     )
     username: str | None = None
     password: SecretStr | None = None
+    sat_file: Path | None = Field(
+        default=None,
+        description="Kubernetes service account token file: authenticate with MQTT 5 enhanced "
+        "authentication, method K8S-SAT (as the Azure IoT Operations broker requires in a "
+        "cluster). Read anew on every connect, so a rotated token is used.",
+    )
     keepalive_s: Annotated[int, Field(ge=1, le=65535)] = Field(
         default=10,
         description="MQTT keep-alive; a dead link is noticed after about twice this.",
@@ -143,6 +153,11 @@ class MqttSettings(BaseModel):
             check_client_id(value)
         return value
 
+    @field_validator("sat_file")
+    @classmethod
+    def _sat_file_exists(cls, value: Path | None) -> Path | None:
+        return _existing_file(value)
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.reconnect_min_s > self.reconnect_max_s:
@@ -153,6 +168,9 @@ class MqttSettings(BaseModel):
         if self.password is not None and self.username is None:
             # MQTT 5 would allow it, but gmqtt only sends a password along with a user name.
             raise ValueError("password is set but username is not")
+        if self.password is not None and self.sat_file is not None:
+            # Two ways of proving who we are: the broker would see only one of them.
+            raise ValueError("set either password or sat_file, not both")
         return self
 
 

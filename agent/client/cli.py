@@ -2,8 +2,9 @@
 
 Connection settings come from the same environment variables as the agent
 (`AGENT_MQTT__HOST`, `AGENT_MQTT__PORT`, `AGENT_MQTT__TLS__CA_FILE`, ...), overridden by
-flags. Exit codes: 0 done, 1 not applied or absent, 2 usage, 3 service error, 4 connection
-failure or timeout.
+flags; secrets come from files (--password-file, --key-password-file) or the environment.
+Exit codes: 0 done, 1 not applied or absent, 2 usage or settings, 3 service error,
+4 connection failure or timeout.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _connection_options(parser)
-    # The same options after the subcommand; SUPPRESS keeps them from resetting the above.
+    # The same options after the subcommand; without defaults of their own, so that they do
+    # not reset what was given before it.
     shared = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
-    _connection_options(shared)
+    _connection_options(shared, defaults=False)
     commands = parser.add_subparsers(dest="store_command", metavar="COMMAND", required=True)
 
     get = commands.add_parser(
@@ -107,7 +109,29 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _connection_options(parser: argparse.ArgumentParser) -> None:
+# Flag -> where it goes in the settings. Values given as flags win over the environment.
+_SETTING_FLAGS: dict[str, tuple[str, ...]] = {
+    "host": ("host",),
+    "port": ("port",),
+    "client_id": ("client_id",),
+    "username": ("username",),
+    "sat_file": ("sat_file",),
+    "tls": ("tls", "enabled"),
+    "ca_file": ("tls", "ca_file"),
+    "cert_file": ("tls", "cert_file"),
+    "key_file": ("tls", "key_file"),
+}
+# Secrets come from files, never from flags, so that they stay out of process listings.
+_SECRET_FILE_FLAGS: dict[str, tuple[str, ...]] = {
+    "password_file": ("password",),
+    "key_password_file": ("tls", "key_password"),
+}
+
+
+def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -> None:
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
     conn = parser.add_argument_group("connection (default: AGENT_MQTT__* environment)")
     conn.add_argument("--host", help="broker host (AGENT_MQTT__HOST)")
     conn.add_argument("--port", type=int, help="broker port (AGENT_MQTT__PORT)")
@@ -119,13 +143,35 @@ def _connection_options(parser: argparse.ArgumentParser) -> None:
         help="file holding the password (or AGENT_MQTT__PASSWORD); never a flag, so that "
         "it stays out of process listings",
     )
-    conn.add_argument("--ca-file", type=Path, help="CA bundle, turns TLS on")
-    conn.add_argument("--cert-file", type=Path, help="client certificate (PEM)")
-    conn.add_argument("--key-file", type=Path, help="client key (PEM)")
     conn.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for the broker (10)"
+        "--sat-file",
+        type=Path,
+        help="Kubernetes service account token file: K8S-SAT authentication (AGENT_MQTT__SAT_FILE)",
     )
-    conn.add_argument("--log-level", default="ERROR", help="log level (ERROR)")
+    conn.add_argument(
+        "--tls",
+        action="store_true",
+        default=default(None),
+        help="use TLS, trusting the system's CAs (AGENT_MQTT__TLS__ENABLED); implied by the "
+        "file flags below",
+    )
+    conn.add_argument(
+        "--ca-file", type=Path, help="CA bundle of the broker (AGENT_MQTT__TLS__CA_FILE)"
+    )
+    conn.add_argument(
+        "--cert-file", type=Path, help="client certificate, PEM (AGENT_MQTT__TLS__CERT_FILE)"
+    )
+    conn.add_argument("--key-file", type=Path, help="client key, PEM (AGENT_MQTT__TLS__KEY_FILE)")
+    conn.add_argument(
+        "--key-password-file",
+        type=Path,
+        help="file holding the password of an encrypted --key-file "
+        "(or AGENT_MQTT__TLS__KEY_PASSWORD)",
+    )
+    conn.add_argument(
+        "--timeout", type=float, default=default(10.0), help="seconds to wait for the broker (10)"
+    )
+    conn.add_argument("--log-level", default=default("ERROR"), help="log level (ERROR)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,31 +189,49 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> MqttSettings:
-    overrides: dict[str, Any] = {}
-    for name in ("host", "port", "client_id", "username"):
-        if getattr(args, name) is not None:
-            overrides[name] = getattr(args, name)
-    tls = {
-        name: getattr(args, name)
-        for name in ("ca_file", "cert_file", "key_file")
-        if getattr(args, name) is not None
-    }
+    """The environment's settings (as the agent reads them), with the flags on top."""
+    flags: dict[str, Any] = {}
+    given: dict[tuple[str, ...], str] = {}  # settings path -> the flag that set it
+    for name, path in _SETTING_FLAGS.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            _put(flags, path, value)
+            given[path] = "--" + name.replace("_", "-")
+    for name, path in _SECRET_FILE_FLAGS.items():
+        file = getattr(args, name, None)
+        if file is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        try:
+            secret = file.read_text().rstrip("\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not text"
+            raise UsageError(f"cannot read {flag} {file}: {reason}") from None
+        _put(flags, path, SecretStr(secret))
+        given[path] = flag
     try:
-        base = ConnectionSettings().mqtt
+        return ConnectionSettings(mqtt=flags).mqtt
     except ValidationError as exc:
-        raise UsageError("invalid settings: " + "; ".join(setting_errors(exc))) from None
-    try:
-        if args.password_file is not None:
-            overrides["password"] = SecretStr(args.password_file.read_text().rstrip("\n"))
-        data = base.model_dump()
-        data.update(overrides)
-        data["tls"] = {**data["tls"], **tls}
-        return MqttSettings.model_validate(data)
-    except ValidationError as exc:
-        errors = setting_errors(exc, within=("mqtt",))
-        raise UsageError("invalid settings: " + "; ".join(errors)) from None
-    except OSError as exc:
-        raise UsageError(f"cannot read --password-file: {exc.strerror}") from None
+        raise UsageError("invalid settings: " + "; ".join(_errors(exc, given))) from None
+
+
+def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[path[-1]] = value
+
+
+def _errors(exc: ValidationError, given: dict[tuple[str, ...], str]) -> list[str]:
+    """Each error named by its flag when a flag set it, else by its environment variable."""
+    lines = []
+    for error, line in zip(exc.errors(), setting_errors(exc), strict=True):
+        path = tuple(str(part) for part in error["loc"])
+        flag = given.get(path[1:]) if path[:1] == ("mqtt",) else None
+        if flag is None:
+            lines.append(line)
+        else:
+            lines.append(f"{flag}: {error['msg'].removeprefix('Value error, ')}")
+    return lines
 
 
 def _value(args: argparse.Namespace) -> bytes:
@@ -199,9 +263,13 @@ def _show(value: bytes, as_hex: bool) -> str:
 
 async def _main(args: argparse.Namespace, settings: MqttSettings) -> int:
     client_id = settings.client_id or f"agent-store-{uuid.uuid4().hex[:12]}"
-    session = Session(settings, client_id=client_id)
     try:
-        await session.start(wait=True, timeout=args.timeout)
+        session = Session(settings, client_id=client_id)
+    except SessionError as exc:  # TLS files that cannot be used
+        print(f"agent store: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        await session.start(wait=True, timeout=args.timeout, fail_fast=True)
     except (SessionError, OSError) as exc:
         print(
             f"agent store: cannot connect to {settings.host}:{settings.port}: {exc}",

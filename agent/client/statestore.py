@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
+from agent.backoff import Backoff
 from agent.client.errors import (
     RequestTimeout,
     StateStoreError,
@@ -33,6 +34,10 @@ from agent.protocol.resp3 import (
 )
 
 log = logging.getLogger(__name__)
+
+# How the keys that could not be caught up after a reconnect are retried.
+_CATCH_UP_RETRY_MIN_S = 0.5
+_CATCH_UP_RETRY_MAX_S = 30.0
 
 
 class Condition(Enum):
@@ -370,7 +375,7 @@ class StateStoreClient:
         backoff for as long as the connection lasts.
         """
         pending = list(self._observed)
-        delay = 0.5
+        backoff = Backoff(_CATCH_UP_RETRY_MIN_S, _CATCH_UP_RETRY_MAX_S)
         while pending and self.session.connected:
             failed = []
             for key in pending:
@@ -392,8 +397,7 @@ class StateStoreClient:
                 self._catch_up_key(key, value, version)
             pending = failed
             if pending:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                await backoff.sleep()
 
     def _catch_up_key(self, key: bytes, value: bytes | None, version: Hlc | None) -> None:
         seen = self._seen.get(key)

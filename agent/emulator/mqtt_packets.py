@@ -8,7 +8,7 @@ DISCONNECT (or CONNACK). ``encode()`` turns a packet back into bytes.
 The codec checks what can be checked from the bytes alone (structure, reserved bits, property
 placement and values, UTF-8 strings). Session rules (what a server supports, topic aliases,
 which packets a client may send) belong to the caller. Topic name/filter validation and
-matching are here too because they are pure functions of strings.
+matching come from ``agent.protocol.mqtt_topics``, shared with the client session.
 
 Reference: MQTT Version 5.0, OASIS Standard, 7 March 2019.
 """
@@ -20,6 +20,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Final, TypeAlias
+
+from agent.protocol.mqtt_topics import is_shared_subscription as is_shared_subscription
+from agent.protocol.mqtt_topics import is_valid_topic_filter as is_valid_topic_filter
+from agent.protocol.mqtt_topics import is_valid_topic_name as is_valid_topic_name
+from agent.protocol.mqtt_topics import topic_matches as topic_matches
 
 # Largest remaining length a variable byte integer can hold, and the largest whole packet.
 MAX_REMAINING_LENGTH: Final = 268_435_455
@@ -1144,61 +1149,3 @@ def encode(packet: Packet) -> bytes:
     if isinstance(packet, Auth):
         return _encode_short(0xF0, PacketType.AUTH, packet.reason_code, packet.properties)
     raise TypeError(f"not an MQTT packet: {packet!r}")
-
-
-# --------------------------------------------------------------------------------------------
-# Topics (section 4.7)
-
-
-def is_valid_topic_name(topic: str) -> bool:
-    """A topic a PUBLISH may carry: non-empty, no wildcards, no U+0000, at most 65535 bytes."""
-    if not topic or "+" in topic or "#" in topic or "\x00" in topic:
-        return False
-    return _fits_mqtt_string(topic)
-
-
-def is_valid_topic_filter(topic_filter: str) -> bool:
-    """A filter a SUBSCRIBE may carry: wildcards only as whole levels, ``#`` only last."""
-    if not topic_filter or "\x00" in topic_filter or not _fits_mqtt_string(topic_filter):
-        return False
-    levels = topic_filter.split("/")
-    last = len(levels) - 1
-    for index, level in enumerate(levels):
-        if "#" in level and (level != "#" or index != last):
-            return False
-        if "+" in level and level != "+":
-            return False
-    return True
-
-
-def _fits_mqtt_string(text: str) -> bool:
-    try:
-        return len(text.encode("utf-8")) <= _MAX_STRING_BYTES
-    except UnicodeEncodeError:  # lone surrogates cannot be sent
-        return False
-
-
-def is_shared_subscription(topic_filter: str) -> bool:
-    return topic_filter.startswith("$share/")
-
-
-def topic_matches(topic_filter: str, topic: str) -> bool:
-    """Whether a valid ``topic_filter`` matches a valid topic name.
-
-    Topics starting with ``$`` are not matched by a filter starting with a wildcard.
-    """
-    if topic_filter == topic:
-        return True
-    if topic[:1] == "$" and topic_filter[:1] in ("+", "#"):
-        return False
-    filter_levels = topic_filter.split("/")
-    topic_levels = topic.split("/")
-    topic_depth = len(topic_levels)
-    for index, level in enumerate(filter_levels):
-        if level == "#":
-            return True  # also matches the parent level: "a/#" matches "a"
-        if index >= topic_depth:
-            return False
-        if level != "+" and level != topic_levels[index]:
-            return False
-    return len(filter_levels) == topic_depth

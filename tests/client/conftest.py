@@ -5,17 +5,20 @@ from __future__ import annotations
 import asyncio
 import getpass
 import logging
-import shutil
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.config import MqttSettings
+from agent.emulator import mqtt_packets
 from tests.support.mosquitto import Mosquitto, mosquitto_binary
+from tests.support.pki import KEY_PASSWORD, Pki, make_pki
+from tests.support.secured_broker import SecuredMosquitto
+
+__all__ = ["KEY_PASSWORD", "Pki"]
 
 # --- A raw listener that plays a broker just far enough to read CONNECT ----------------------
 
@@ -28,6 +31,15 @@ class Connect:
     flags: int
     keepalive: int
     at: float
+    raw: bytes  # the whole packet, as sent
+
+    def decoded(self) -> mqtt_packets.Connect:
+        """The packet as the project's own MQTT codec reads it."""
+        reader = mqtt_packets.PacketReader()
+        reader.feed(self.raw)
+        packet = reader.next_packet()
+        assert isinstance(packet, mqtt_packets.Connect), packet
+        return packet
 
     @property
     def clean_start(self) -> bool:
@@ -48,6 +60,15 @@ async def _read_packet(reader: asyncio.StreamReader) -> tuple[int, bytes]:
         if not byte & 0x80:
             break
     return header, await reader.readexactly(length)
+
+
+def _variable_byte_integer(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value % 128, value // 128
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
 
 
 def _first_filter(subscribe_body: bytes) -> str:
@@ -105,8 +126,9 @@ class RawBroker:
             name_length = int.from_bytes(body[:2], "big")
             level, flags = body[2 + name_length], body[3 + name_length]
             keepalive = int.from_bytes(body[4 + name_length : 6 + name_length], "big")
+            raw = bytes([header]) + _variable_byte_integer(len(body)) + body
             async with self._changed:
-                self.connects.append(Connect(level, flags, keepalive, time.monotonic()))
+                self.connects.append(Connect(level, flags, keepalive, time.monotonic(), raw))
                 self._changed.notify_all()
             if self.reply is not None:
                 writer.write(self.reply)
@@ -190,6 +212,16 @@ class LogWatch(logging.Handler):
     def matching(self, text: str) -> list[logging.LogRecord]:
         return [r for r in self.records if text in r.getMessage()]
 
+    async def wait_for_count(
+        self, text: str, count: int, within: float = 5.0
+    ) -> list[logging.LogRecord]:
+        """Wait until ``count`` records contain ``text``; return them all."""
+        async with asyncio.timeout(within):
+            while len(self.matching(text)) < count:
+                self._changed.clear()
+                await self._changed.wait()
+        return self.matching(text)
+
     async def wait_for(self, text: str, within: float = 5.0) -> logging.LogRecord:
         async with asyncio.timeout(within):
             while not self.matching(text):
@@ -243,82 +275,27 @@ def configured_mosquitto() -> Iterator[Callable[[str], ConfiguredMosquitto]]:
         broker.stop()
 
 
+@pytest.fixture
+def secured() -> Iterator[Callable[..., SecuredMosquitto]]:
+    """Factory: ``secured(pki, require_certificate=..., users=..., server_cert=...)``."""
+    if mosquitto_binary() is None:
+        pytest.skip("mosquitto is not installed")
+    brokers: list[SecuredMosquitto] = []
+
+    def make(pki: Pki, **options: Any) -> SecuredMosquitto:
+        broker = SecuredMosquitto(pki, **options)
+        brokers.append(broker)
+        broker.start()
+        return broker
+
+    yield make
+    for broker in brokers:
+        broker.stop()
+
+
 # --- Throwaway PKI ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-    client_key_encrypted: Path  # password: KEY_PASSWORD
-    other_ca: Path  # a CA that signed nothing here
-
-
-KEY_PASSWORD = "k3y-pa55"
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
-
-
-def _make_ca(directory: Path, name: str) -> None:
-    _openssl(
-        "req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-        "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2",
-        "-subj", f"/CN={name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        cwd=directory,
-    )  # fmt: skip
-
-
-def _make_leaf(directory: Path, name: str, extensions: str) -> None:
-    (directory / f"{name}.ext").write_text(extensions)
-    _openssl(
-        "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}",
-        cwd=directory,
-    )  # fmt: skip
-    _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-        "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext",
-        cwd=directory,
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command line tool is not installed")
-    directory = tmp_path_factory.mktemp("pki")
-    _make_ca(directory, "ca")
-    _make_ca(directory, "other-ca")
-    _make_leaf(
-        directory,
-        "server",
-        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    _make_leaf(
-        directory,
-        "client",
-        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-        "extendedKeyUsage=clientAuth\n",
-    )
-    _openssl(
-        "pkey", "-in", "client.key", "-aes256", "-passout", f"pass:{KEY_PASSWORD}",
-        "-out", "client-encrypted.key",
-        cwd=directory,
-    )  # fmt: skip
-    return Pki(
-        ca=directory / "ca.crt",
-        server_cert=directory / "server.crt",
-        server_key=directory / "server.key",
-        client_cert=directory / "client.crt",
-        client_key=directory / "client.key",
-        client_key_encrypted=directory / "client-encrypted.key",
-        other_ca=directory / "other-ca.crt",
-    )
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -117,6 +117,7 @@ def test_a_mistyped_mqtt_variable_is_an_error(monkeypatch: pytest.MonkeyPatch) -
         ("AGENT_MQTT__CLIENT_ID", "a/b", "mqtt.client_id", "must not contain '/'"),
         ("AGENT_MQTT__CLIENT_ID", "a+b", "mqtt.client_id", "must not contain '+'"),
         ("AGENT_MQTT__TLS__CA_FILE", "/nonexistent/ca.pem", "mqtt.tls.ca_file", "file not found"),
+        ("AGENT_MQTT__SAT_FILE", "/nonexistent/token", "mqtt.sat_file", "file not found"),
     ],
 )
 def test_validation_errors_name_the_setting(

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import random
 import shutil
-import ssl
 import subprocess
 import time
 import uuid
@@ -15,8 +14,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from agent.client.session import (
     AuthenticationFailed,
@@ -25,21 +22,13 @@ from agent.client.session import (
     ProtocolVersionRefused,
     PublishFailed,
     Session,
-    SessionError,
     SessionTimeout,
     SubscribeFailed,
-    backoff_delay,
-    build_ssl_context,
-    topic_matches,
-    validate_topic,
-    validate_topic_filter,
 )
-from agent.config import MqttSettings, TlsSettings
+from agent.config import MqttSettings
 from tests.client.conftest import (
-    KEY_PASSWORD,
     ConfiguredMosquitto,
     LogWatch,
-    Pki,
     RawBroker,
     fast_settings,
 )
@@ -79,131 +68,7 @@ class Inbox:
         return await asyncio.wait_for(self.queue.get(), within)
 
 
-# --- Pure helpers ----------------------------------------------------------------------------
-
-
-def test_backoff_ceiling_doubles_up_to_the_maximum() -> None:
-    bounds: list[tuple[float, float]] = []
-
-    def record(low: float, high: float) -> float:
-        bounds.append((low, high))
-        return high
-
-    delays = [backoff_delay(n, 0.5, 30.0, record) for n in range(9)]
-    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
-    assert all(low == 0.0 for low, _ in bounds)
-    assert backoff_delay(10_000, 0.5, 30.0, record) == 30.0  # no overflow on long outages
-
-
-def test_backoff_full_jitter_with_a_seeded_random() -> None:
-    rng = random.Random(1234)
-    delays = [backoff_delay(n, 0.5, 30.0, rng.uniform) for n in range(12)]
-    same = random.Random(1234)
-    assert delays == [backoff_delay(n, 0.5, 30.0, same.uniform) for n in range(12)]
-    for n, delay in enumerate(delays):
-        assert 0.0 <= delay <= min(30.0, 0.5 * 2**n)
-    # Full jitter spreads attempts over the whole interval, not around one value.
-    spread = [backoff_delay(3, 0.5, 30.0, rng.uniform) for _ in range(2000)]
-    assert min(spread) < 0.4 and max(spread) > 3.6
-    assert len(set(spread)) == len(spread)
-
-
-@given(
-    attempt=st.integers(min_value=0, max_value=10**6),
-    minimum=st.floats(min_value=0.001, max_value=10),
-    extra=st.floats(min_value=0, max_value=100),
-    seed=st.integers(),
-)
-def test_backoff_stays_within_bounds(attempt: int, minimum: float, extra: float, seed: int) -> None:
-    maximum = minimum + extra
-    delay = backoff_delay(attempt, minimum, maximum, random.Random(seed).uniform)
-    assert 0.0 <= delay <= min(maximum, minimum * 2.0 ** min(attempt, 64))
-
-
-def test_backoff_rejects_a_negative_attempt() -> None:
-    with pytest.raises(ValueError):
-        backoff_delay(-1, 0.5, 30.0)
-
-
-@pytest.mark.parametrize(
-    ("topic_filter", "topic", "expected"),
-    [
-        ("a/b", "a/b", True),
-        ("a/b", "a/c", False),
-        ("a/+", "a/b", True),
-        ("a/+", "a/b/c", False),
-        ("a/+", "a/", True),
-        ("+/b", "a/b", True),
-        ("a/#", "a", True),
-        ("a/#", "a/b/c", True),
-        ("a/#", "b", False),
-        ("#", "a/b", True),
-        ("#", "$SYS/x", False),
-        ("+/x", "$SYS/x", False),
-        ("$SYS/#", "$SYS/broker/log", True),
-        ("$share/g/a/+", "a/b", True),
-        ("$share/g/a/+", "b/b", False),
-        ("a/b/c", "a/b", False),
-        ("a/b", "a/b/c", False),
-    ],
-)
-def test_topic_matches(topic_filter: str, topic: str, expected: bool) -> None:
-    assert topic_matches(topic_filter, topic) is expected
-
-
-level = st.text(alphabet="abc", max_size=3)
-
-
-@given(st.lists(level, min_size=1, max_size=5), st.data())
-def test_topic_matches_itself_and_wildcards(levels: list[str], data: st.DataObject) -> None:
-    topic = "/".join(levels)
-    assert topic_matches(topic, topic)
-    assert topic_matches("#", topic)
-    index = data.draw(st.integers(0, len(levels) - 1))
-    assert topic_matches("/".join([*levels[:index], "+", *levels[index + 1 :]]), topic)
-    assert topic_matches("/".join([*levels[:index], "#"]), topic)
-
-
-@pytest.mark.parametrize("topic_filter", ["", "a/#/b", "a#", "a/b+", "$share/g", "$share//a"])
-def test_invalid_topic_filters(topic_filter: str) -> None:
-    with pytest.raises(ValueError):
-        validate_topic_filter(topic_filter)
-
-
-@pytest.mark.parametrize("topic", ["", "a/+", "a/#", "a\x00b"])
-def test_invalid_topics(topic: str) -> None:
-    with pytest.raises(ValueError):
-        validate_topic(topic)
-
-
-def test_ssl_context_from_settings(pki: Pki) -> None:
-    assert build_ssl_context(TlsSettings()) is None
-    context = build_ssl_context(TlsSettings(ca_file=pki.ca))
-    assert context is not None
-    assert context.check_hostname and context.verify_mode == ssl.CERT_REQUIRED
-    assert build_ssl_context(
-        TlsSettings(
-            ca_file=pki.ca,
-            cert_file=pki.client_cert,
-            key_file=pki.client_key_encrypted,
-            key_password=KEY_PASSWORD,  # type: ignore[arg-type]
-        )
-    )
-
-
-def test_encrypted_key_without_or_with_a_wrong_password(pki: Pki) -> None:
-    # Never an interactive OpenSSL prompt: a clear error naming the setting instead.
-    with pytest.raises(SessionError, match="key_password"):
-        build_ssl_context(TlsSettings(cert_file=pki.client_cert, key_file=pki.client_key_encrypted))
-    with pytest.raises(SessionError, match=r"mqtt\.tls") as raised:
-        build_ssl_context(
-            TlsSettings(
-                cert_file=pki.client_cert,
-                key_file=pki.client_key_encrypted,
-                key_password="wrong-secret",  # type: ignore[arg-type]
-            )
-        )
-    assert "wrong-secret" not in str(raised.value)
+# --- Settings ---------------------------------------------------------------------------------
 
 
 def test_client_id_comes_from_the_argument_then_the_settings_then_is_unique() -> None:
@@ -342,7 +207,7 @@ async def test_start_times_out_with_a_clear_error_when_no_broker_comes() -> None
     assert time.monotonic() - started_at < 2
     message = str(raised.value)
     assert f"127.0.0.1:{port}" in message and "within 0.5 s" in message
-    assert "ConnectionRefusedError" in message
+    assert "connection refused" in message
     assert isinstance(raised.value, TimeoutError)
     await asyncio.wait_for(session.wait_closed(), 1)  # a failed start leaves it stopped
     with pytest.raises(NotConnected):
@@ -517,6 +382,26 @@ async def test_session_taken_over_is_reported(
         await session.stop()
 
 
+async def test_a_lost_connection_is_one_line_saying_why(
+    raw_broker: RawBrokerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    broker = await raw_broker(CONNACK_SUCCESS)
+    session = await started(fast_settings(broker.port))
+    try:
+        # Unread data at the broker when it drops the connection: a reset, not a clean close.
+        await session.publish("x", b"y" * 200_000, qos=0)
+        broker.drop_clients()
+        await broker.wait_for(lambda: len(broker.connects) == 2)
+    finally:
+        await session.stop()
+    lost = [r for r in caplog.records if "lost its connection" in r.getMessage()]
+    assert len(lost) == 1 and lost[0].levelno == logging.WARNING
+    assert "Connection reset by peer" in lost[0].getMessage()
+    # Not also gmqtt's traceback of the same reset.
+    assert not [r for r in caplog.records if "CONN LOST" in r.getMessage() or r.exc_info]
+
+
 async def test_mqtt5_refused_with_connack_0x84_is_fatal(raw_broker: RawBrokerFactory) -> None:
     broker = await raw_broker(CONNACK_V5_UNSUPPORTED)
     session = Session(fast_settings(broker.port), client_id=unique())
@@ -645,6 +530,56 @@ async def test_async_handler_gets_messages_in_order(mosquitto: Mosquitto) -> Non
         await session.stop()
 
 
+async def test_a_handler_that_falls_behind_loses_its_oldest_messages(
+    mosquitto: Mosquitto, log_watch: LogWatch
+) -> None:
+    session = Session(fast_settings(mosquitto.port), client_id=unique(), handler_queue_limit=5)
+    await session.start(timeout=5)
+    try:
+        release = asyncio.Event()
+        handled: list[int] = []
+        done = asyncio.Event()
+
+        async def stuck(message: Message) -> None:
+            await release.wait()
+            handled.append(int(message.payload))
+            if len(handled) == 6:
+                done.set()
+
+        arrived = Inbox()  # a plain handler: it sees each message as it is read
+        await session.subscribe("behind/x", stuck)
+        await session.subscribe("behind/x", arrived)
+        for i in range(9):
+            await session.publish("behind/x", str(i).encode())
+        for _ in range(9):
+            await arrived.get()
+        # Message 0 is in the handler's hands; the queue holds 5, the newest: 4 to 8.
+        assert session.dropped_messages == 3
+        warning = await log_watch.wait_for("dropping the oldest")
+        assert warning.levelno == logging.WARNING and "5 messages behind" in warning.getMessage()
+        assert len(log_watch.matching("dropping the oldest")) == 1  # once per backlog
+        release.set()
+        await asyncio.wait_for(done.wait(), 5)
+        assert handled == [0, 4, 5, 6, 7, 8]
+        await log_watch.wait_for("caught up, having lost 3 messages")
+
+        # A new backlog is reported again.
+        release.clear()
+        for i in range(9, 16):
+            await session.publish("behind/x", str(i).encode())
+        for _ in range(7):
+            await arrived.get()
+        assert session.dropped_messages == 4
+        assert len(log_watch.matching("dropping the oldest")) == 2
+    finally:
+        await session.stop()
+
+
+def test_the_handler_queue_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="handler_queue_limit"):
+        Session(MqttSettings(), handler_queue_limit=0)
+
+
 async def test_unsubscribe_and_handler_errors(mosquitto: Mosquitto, log_watch: LogWatch) -> None:
     session = await started(fast_settings(mosquitto.port))
     try:
@@ -693,57 +628,7 @@ async def test_stop_disconnects_cleanly(mosquitto: Mosquitto) -> None:
         await watcher.stop()
 
 
-# --- TLS and credentials ---------------------------------------------------------------------
-
-TLS_CONFIG = """\
-listener {{port}} 127.0.0.1
-cafile {ca}
-certfile {cert}
-keyfile {key}
-require_certificate true
-allow_anonymous true
-persistence false
-log_dest stderr
-"""
-
-
-@pytest.fixture
-def tls_mosquitto(
-    pki: Pki, configured_mosquitto: Callable[[str], ConfiguredMosquitto]
-) -> ConfiguredMosquitto:
-    return configured_mosquitto(
-        TLS_CONFIG.format(ca=pki.ca, cert=pki.server_cert, key=pki.server_key)
-    )
-
-
-async def test_tls_with_a_client_certificate(tls_mosquitto: Mosquitto, pki: Pki) -> None:
-    tls = {"ca_file": pki.ca, "cert_file": pki.client_cert, "key_file": pki.client_key}
-    session = await started(fast_settings(tls_mosquitto.port, tls=tls))
-    try:
-        inbox = Inbox()
-        await session.subscribe("tls/x", inbox)
-        await session.publish("tls/x", b"secure", correlation_data=b"c")
-        assert (await inbox.get()).payload == b"secure"
-    finally:
-        await session.stop()
-
-
-async def test_tls_without_the_required_client_certificate_is_refused(
-    tls_mosquitto: Mosquitto, pki: Pki
-) -> None:
-    session = Session(fast_settings(tls_mosquitto.port, tls={"ca_file": pki.ca}))
-    with pytest.raises(SessionTimeout, match=r"could not connect.*client certificate"):
-        await session.start(timeout=1)
-
-
-async def test_tls_rejects_a_broker_certificate_from_another_ca(
-    tls_mosquitto: Mosquitto, pki: Pki
-) -> None:
-    tls = {"ca_file": pki.other_ca, "cert_file": pki.client_cert, "key_file": pki.client_key}
-    session = Session(fast_settings(tls_mosquitto.port, tls=tls))
-    with pytest.raises(SessionTimeout, match="CERTIFICATE_VERIFY_FAILED"):
-        await session.start(timeout=1)
-
+# --- Credentials ------------------------------------------------------------------------------
 
 AUTH_CONFIG = """\
 listener {{port}} 127.0.0.1

@@ -102,11 +102,20 @@ def test_bad_settings_exit_2_naming_the_variable(emulator: dict[str, str]) -> No
     assert "AGENT_MQTT__PORT" in result.stderr
 
 
-def test_connection_failure_exits_4() -> None:
-    env = {"AGENT_MQTT__HOST": "127.0.0.1", "AGENT_MQTT__PORT": "1"}
-    result = store(env, "get", "k", "--timeout", "1")
+@pytest.mark.parametrize(
+    ("host", "port", "reason"),
+    [
+        ("127.0.0.1", "1", "connection refused: nothing accepts connections there"),
+        ("no-such-host.invalid", "1883", "cannot resolve the host name"),
+    ],
+)
+def test_connection_failure_exits_4_at_once(host: str, port: str, reason: str) -> None:
+    # As redis-cli does: no retries for what retrying cannot fix, however long the timeout.
+    env = {"AGENT_MQTT__HOST": host, "AGENT_MQTT__PORT": port}
+    result = store(env, "get", "k", "--timeout", "600")
     assert result.returncode == 4
-    assert "cannot connect" in result.stderr
+    assert result.stderr.startswith(f"agent store: cannot connect to {host}:{port}: {reason}")
+    assert result.stderr.count("\n") == 1  # one line, no traceback, no log noise
 
 
 def test_flags_override_the_environment(emulator: dict[str, str]) -> None:
