@@ -27,6 +27,8 @@ PTY_QUEUE = 256
 
 PTY_CLIENT = "pty"
 
+CLOSE_TIMEOUT_S = 1.0
+
 
 class PtyEndpoint:
     """The device line on one pty, served request by request."""
@@ -85,6 +87,7 @@ class _TcpServer:
         self.server = server
         self.port: int = server.sockets[0].getsockname()[1]
         self.writers: set[asyncio.StreamWriter] = set()
+        self.handlers: set[asyncio.Task[object]] = set()
 
     @classmethod
     async def listen(cls, line: FakeLine, host: str, port: int) -> Self:
@@ -92,7 +95,13 @@ class _TcpServer:
 
         async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             assert endpoint is not None
-            await endpoint._client(reader, writer)
+            handler = asyncio.current_task()
+            assert handler is not None
+            endpoint.handlers.add(handler)
+            try:
+                await endpoint._client(reader, writer)
+            finally:
+                endpoint.handlers.discard(handler)
 
         server = await asyncio.start_server(client, host, port)
         endpoint = cls(line, server)
@@ -101,12 +110,16 @@ class _TcpServer:
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Stop listening and drop every connection."""
+    async def close(self) -> None:
+        """Stop listening, drop every connection, and let their handlers end (within a
+        second: one may be in the middle of a transaction); a handler cancelled on the
+        way out of the program would be reported as an error by asyncio."""
         self.server.close()
         for writer in list(self.writers):
             writer.close()
         self.writers.clear()
+        if self.handlers:
+            await asyncio.wait(list(self.handlers), timeout=CLOSE_TIMEOUT_S)
 
 
 class TcpEndpoint(_TcpServer):

@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from agent.controller import line_protocol as lp
+from agent.controller.fake_clock import PreciseSleeper
 from agent.controller.fake_core import (
     DEFAULT_IDENTITY,
     DEFAULT_RECORD_LIMIT,
@@ -249,6 +250,7 @@ class FakeLine:
             self._units[address] = unit
         self._records: deque[RequestRecord] = deque(maxlen=record_limit)
         self._medium = asyncio.Lock()
+        self._sleeper = PreciseSleeper("fake-line-clock")
         self._on_line: str | None = None
         self._changed = asyncio.Event()
         self._connection_ids = 0
@@ -358,7 +360,7 @@ class FakeLine:
                 start = time.monotonic()
                 reply, busy = self._serve(client, channel, frame, incoming, start, arrived, other)
                 if busy > 0:
-                    await asyncio.sleep(start + busy - time.monotonic())
+                    await self._sleeper.sleep_until(start + busy)
                 if reply is not None:
                     send(reply)
             finally:
@@ -504,9 +506,10 @@ class FakeLine:
         for task in list(self._tasks):
             task.cancel()
         await self._unplug()
-        if self._panel is not None:
-            self._panel.close()
-            self._panel = None
+        self._sleeper.close()
+        panel, self._panel = self._panel, None
+        if panel is not None:
+            await panel.close()
 
     async def __aenter__(self) -> Self:
         return self
@@ -520,12 +523,13 @@ class FakeLine:
         await self.stop()
 
     async def _unplug(self) -> None:
-        if self._pty is not None:
-            await self._pty.close()
-            self._pty = None
-        if self._tcp is not None:
-            self._tcp.close()
-            self._tcp = None
+        # Detached before the awaits: a replug meanwhile makes new endpoints.
+        pty, self._pty = self._pty, None
+        tcp, self._tcp = self._tcp, None
+        if pty is not None:
+            await pty.close()
+        if tcp is not None:
+            await tcp.close()
         self.notify()
 
     async def _plug(self) -> None:
