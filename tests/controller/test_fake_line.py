@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import statistics
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import serial  # type: ignore[import-untyped]
 
 from agent.controller import line_protocol as lp
+from agent.controller.fake_clock import PreciseSleeper
 from agent.controller.fake_core import STRAY_NOISE
 from agent.controller.fake_device import FakeDevice
 from agent.controller.fake_line import FakeLine
@@ -405,3 +407,38 @@ def test_line_arguments_are_checked() -> None:
     ):
         with pytest.raises(ValueError):
             FakeLine(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_the_line_returns_after_an_unplug_shorter_than_a_transaction() -> None:
+    async with FakeLine(2) as bus:
+        await bus.start(tcp_port=0)
+        bus.unit(1).fault("SLOW", 600)
+        conn = await TcpClient.connect(bus.tcp_url)
+        try:
+            await conn.send(line("@1 GET SP"))
+            await bus.wait_for(lambda: bus.counters.requests == 1)
+            # Unplugged and back while that connection's handler still holds the line.
+            bus.fault("UNPLUG", 0.1)
+            await bus.wait_for(lambda: bus.plug_count == 1)
+        finally:
+            await conn.close()
+        again = await TcpClient.connect(bus.tcp_url)
+        try:
+            assert await again.ask(line("@2 GET SP")) == line("@2 SP 20.0")
+        finally:
+            await again.close()
+
+
+async def test_the_clock_is_never_early_and_can_restart() -> None:
+    sleeper = PreciseSleeper("test-clock")
+    late: list[float] = []
+    for index in range(20):
+        deadline = time.monotonic() + 0.002 + index * 0.0003
+        await sleeper.sleep_until(deadline)
+        late.append(time.monotonic() - deadline)
+    sleeper.close()
+    await sleeper.sleep_until(time.monotonic() + 0.001)  # a new thread
+    await sleeper.sleep_until(time.monotonic() - 1)  # in the past: at once
+    sleeper.close()
+    assert min(late) >= 0
+    print(f"clock: late by {statistics.median(late) * 1e3:.3f} ms (median)")
