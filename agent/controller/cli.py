@@ -105,7 +105,8 @@ front panel (--panel): the line protocol (GET SP, GET STATE, ...) plus
 With --units, '@<n> ' in front names unit n: '@3 PANEL SP 19.0', '@3 GET SP',
 '@3 FAULT SILENT 10' (faults of that unit only; '@3 FAULT UNPLUG 5': unit 3 is gone, never
 answers, for 5 s; '@3 FAULT CLEAR' clears unit 3's faults). FAULT without a prefix acts on
-the whole line. A unit that does not exist answers ERR ADDRESS.
+the whole line; device requests and PANEL SP need one. A unit that does not exist answers
+ERR ADDRESS. On a Modbus line the panel speaks the same text protocol.
 """
 
 

@@ -157,3 +157,26 @@ async def test_a_different_register_map(tmp_path: Path) -> None:
 
         assert await with_client(bus.pty_link, work) == [2150, 1800]
         assert bus.unit(42).setpoint == 21.5 and bus.unit(17).setpoint == 20.0
+
+
+async def test_the_panel_of_a_modbus_line(bus: FakeLine) -> None:
+    assert bus.panel_address is not None
+    reader, writer = await asyncio.open_connection(*bus.panel_address)
+
+    async def ask(text: str) -> bytes:
+        writer.write(text.encode() + b"\n")
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), 3.0)
+
+    try:
+        assert await ask("@2 PANEL SP 24.5") == b"@2 OK SP 24.5\r\n"
+        assert await ask("@2 GET SP") == b"@2 SP 24.5\r\n"
+        assert await ask("@6 FAULT SILENT 30") == b"@6 OK\r\n"
+    finally:
+        writer.close()
+    assert bus.pty_link is not None
+
+    def work(client: Any) -> tuple[int, bool]:
+        return read_setpoint(client, 2), no_reply(client, 6)
+
+    assert await with_client(bus.pty_link, work) == (245, True)
