@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.controller import line_protocol as lp
 from agent.controller.serial_driver import SerialController
 from tests.controller.conftest import FAST
 
@@ -107,3 +108,96 @@ async def test_bad_limits_are_a_usage_error() -> None:
     _, err = await asyncio.wait_for(process.communicate(), 20.0)
     assert process.returncode == 2
     assert b"above max" in err
+
+
+async def ask(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], data: bytes) -> bytes:
+    reader, writer = conn
+    writer.write(data)
+    await writer.drain()
+    return await asyncio.wait_for(reader.readline(), 5.0)
+
+
+async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.split("://")[1].rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port))
+
+
+def line(payload: str, checksum: bool = True) -> bytes:
+    return lp.encode_line(payload, with_checksum=checksum)
+
+
+async def test_a_line_of_32_units() -> None:
+    async with sim_device("--units", "32", "--tcp", "0", "--panel", "0") as (process, ready):
+        found = endpoints(ready)
+        assert list(found) == ["device", "panel"]
+        device, panel = await connect(found["device"][0]), await connect(found["panel"][0])
+        try:
+            assert await ask(device, line("@32 GET SP")) == line("@32 SP 20.0")
+            assert await ask(panel, b"@3 PANEL SP 19.0\n") == line("@3 OK SP 19.0", False)
+            assert await ask(panel, b"@33 GET SP\n") == line("@33 ERR ADDRESS", False)
+            device[1].write(line("GET SP"))  # unaddressed: nobody answers
+            assert await ask(device, line("@3 GET SP")) == line("@3 SP 19.0")
+            assert await ask(device, line("@1 ID")) == line("@1 ID SIM-TSTAT 1.0.0 SIM0001")
+            assert await ask(panel, b"@1 FAULT SILENT 30\n") == b"@1 OK\r\n"
+            device[1].write(line("@1 GET SP"))
+            assert await ask(device, line("@2 GET SP")) == line("@2 SP 20.0")
+            # Stopped with clients still connected: they are dropped, quietly.
+            process.terminate()
+            assert await asyncio.wait_for(process.wait(), 10.0) == 0
+            assert await asyncio.wait_for(device[0].read(), 5.0) == b""
+        finally:
+            device[1].close()
+            panel[1].close()
+        assert process.stderr is not None
+        assert await process.stderr.read() == b""
+
+
+async def test_a_modbus_line(tmp_path: Path) -> None:
+    pymodbus = pytest.importorskip("pymodbus")
+    from pymodbus.client import ModbusSerialClient
+
+    link = tmp_path / "ttyRTU"
+    args = ("--units", "4", "--modbus", "--pty", str(link), "--emulate-baud", "19200")
+    async with sim_device(*args, "--setpoint", "21.5") as (process, ready):
+        assert ready == f"device {link}"
+
+        def read() -> list[int]:
+            client = ModbusSerialClient(
+                str(link), framer=pymodbus.FramerType.RTU, parity="N", timeout=1.0, retries=0
+            )
+            assert client.connect()
+            try:
+                return list(client.read_holding_registers(0, count=2, device_id=4).registers)
+            finally:
+                client.close()
+
+        assert await asyncio.to_thread(read) == [215, 180]
+        process.terminate()
+        assert await asyncio.wait_for(process.wait(), 10.0) == 0
+
+
+@pytest.mark.parametrize("units", ["0", "248", "many"])
+async def test_units_out_of_range_are_a_usage_error(units: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "agent",
+        "sim-device",
+        "--units",
+        units,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 20.0)
+    assert process.returncode == 2
+    assert b"--units" in err
+
+
+async def test_help_documents_the_line_and_its_panel() -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agent", "sim-device", "--help", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 20.0)
+    for text in (b"--units N", b"--modbus", b"--emulate-baud BAUD", b"@3 FAULT SILENT 10"):
+        assert text in out
+    for fault in (b"UNPLUG", b"SILENT", b"GARBAGE", b"SLOW", b"STRAY", b"BADSUM", b"NOSUM"):
+        assert b"FAULT " + fault in out

@@ -239,16 +239,21 @@ def tcp_address(url: str | None) -> tuple[str, int]:
     return host, int(port)
 
 
-async def test_tcp_clients_each_get_their_own_replies(fake: FakeDevice) -> None:
+async def test_tcp_clients_take_turns_and_get_their_own_replies(fake: FakeDevice) -> None:
     address = tcp_address(fake.tcp_url)
     a, b = await tcp(address), await tcp(address)
     try:
         fake.fault("SLOW", 100)
-        # a's slow reply must not hold up b, nor land on b's connection.
+        # One transaction at a time on the line: b's request waits for a's slow one,
+        # and each reply lands on its own connection.
         a[1].write(line("GET LIMITS"))
         await a[1].drain()
+        await fake.wait_for(lambda: len(fake.requests) == 1)
         assert await ask(b, line("GET SP")) == line("SP 20.0")
         assert await asyncio.wait_for(a[0].readline(), 2.0) == line("LIMITS 5.0 35.0 0.5")
+        first, second = fake.requests
+        assert (first.client, second.client, second.other_client) == ("tcp-1", "tcp-2", "tcp-1")
+        assert second.at >= first.at + 0.1
     finally:
         for _, writer in (a, b):
             writer.close()

@@ -1,0 +1,170 @@
+"""Where the fake line meets the wire: its pty, its TCP server (a serial device server that
+several clients may share) and its front panel on TCP.
+
+Each endpoint splits what a client sends into requests and hands them to the line one at
+a time (FakeLine.transact), which answers them in turn across all clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Self
+
+from agent.controller import line_protocol as lp
+from agent.controller.ptys import RawPty, point_link, remove_link
+
+if TYPE_CHECKING:
+    from agent.controller.fake_line import FakeLine
+
+log = logging.getLogger(__name__)
+
+PTY_QUEUE = 256
+"""Requests read from the pty and not yet served; more are dropped, as a UART overruns."""
+
+PTY_CLIENT = "pty"
+
+CLOSE_TIMEOUT_S = 1.0
+
+
+class PtyEndpoint:
+    """The device line on one pty, served request by request."""
+
+    def __init__(self, line: FakeLine, link: Path) -> None:
+        self.line = line
+        self.link = link
+        self.pty = RawPty()
+        self.splitter = line.wire.splitter()
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(PTY_QUEUE)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.pty.master, self._readable)
+        self.task = asyncio.create_task(self._serve(), name=f"fake-line-pty {link.name}")
+        point_link(link, self.pty.slave_name)
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.pty.master, 4096)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            log.debug("pty read: %s", exc)
+            return
+        for frame in self.splitter.feed(data):
+            try:
+                self.queue.put_nowait(frame)
+            except asyncio.QueueFull:
+                self.line.counters.overruns += 1
+
+    def _send(self, reply: bytes) -> None:
+        try:
+            os.write(self.pty.master, reply)
+        except OSError as exc:  # nobody reading and the buffer full: the reply is lost
+            log.debug("pty write: %s", exc)
+
+    async def _serve(self) -> None:
+        while True:
+            frame = await self.queue.get()
+            await self.line.transact(PTY_CLIENT, "pty", frame, self._send)
+
+    async def close(self) -> None:
+        """The adapter is gone: the link disappears and an open port reads EIO."""
+        asyncio.get_running_loop().remove_reader(self.pty.master)
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        remove_link(self.link, self.pty.slave_name)
+        self.pty.close()
+
+
+class _TcpServer:
+    """A TCP server of the line; each connection is served by `_client`."""
+
+    def __init__(self, line: FakeLine, server: asyncio.Server) -> None:
+        self.line = line
+        self.server = server
+        self.port: int = server.sockets[0].getsockname()[1]
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.handlers: set[asyncio.Task[object]] = set()
+
+    @classmethod
+    async def listen(cls, line: FakeLine, host: str, port: int) -> Self:
+        endpoint: Self | None = None
+
+        async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            assert endpoint is not None
+            handler = asyncio.current_task()
+            assert handler is not None
+            endpoint.handlers.add(handler)
+            try:
+                await endpoint._client(reader, writer)
+            finally:
+                endpoint.handlers.discard(handler)
+
+        server = await asyncio.start_server(client, host, port)
+        endpoint = cls(line, server)
+        return endpoint
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Stop listening, drop every connection, and let their handlers end (within a
+        second: one may be in the middle of a transaction); a handler cancelled on the
+        way out of the program would be reported as an error by asyncio."""
+        self.server.close()
+        for writer in list(self.writers):
+            writer.close()
+        self.writers.clear()
+        if self.handlers:
+            await asyncio.wait(list(self.handlers), timeout=CLOSE_TIMEOUT_S)
+
+
+class TcpEndpoint(_TcpServer):
+    """The device line on TCP, raw bytes as a serial device server passes them; every
+    connection is a client of the one line."""
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.line.unplugged:
+            writer.close()
+            return
+        self.writers.add(writer)
+        client = self.line.connection_id()
+        splitter = self.line.wire.splitter()
+
+        def send(reply: bytes) -> None:
+            if not writer.is_closing():
+                writer.write(reply)
+
+        try:
+            while data := await reader.read(4096):
+                for frame in splitter.feed(data):
+                    await self.line.transact(client, "tcp", frame, send)
+                    await writer.drain()
+        except (ConnectionError, OSError) as exc:
+            log.debug("fake line: TCP client %s gone: %s", client, exc)
+        finally:
+            self.writers.discard(writer)
+            writer.close()
+
+
+class PanelEndpoint(_TcpServer):
+    """The front panel: the line protocol plus PANEL and FAULT commands, on TCP."""
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.add(writer)
+        splitter = lp.LineSplitter()
+        try:
+            while data := await reader.read(4096):
+                for line in splitter.feed(data):
+                    reply = self.line.panel_reply(line)
+                    if reply is not None:
+                        writer.write(reply)
+                        await writer.drain()
+        except (ConnectionError, OSError) as exc:
+            log.debug("fake line: panel client gone: %s", exc)
+        finally:
+            self.writers.discard(writer)
+            writer.close()

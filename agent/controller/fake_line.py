@@ -1,0 +1,584 @@
+"""The fake line: units on one medium, in-process.
+
+A FakeLine is a serial line with its devices: one point-to-point device answering
+unaddressed line-protocol requests (as `agent sim-device` runs by default), or N units at
+addresses 1..N answering in addressed mode (`@<n> ` prefixes), or N Modbus RTU units. It
+is served on a pty and/or TCP (fake_endpoints) and has a front panel.
+
+The line is one medium: one transaction at a time across all clients and units. A request
+that arrives while another is being answered waits for it; with `emulate_baud` each
+transaction holds the line for the time its request and reply take at that baud rate.
+
+For checkers it keeps a record of the last `record_limit` requests (when, on which client
+connection, to which unit, what) and counters over all of them; each unit keeps its last
+writes and panel changes. Tests run the line in an event loop and look inside:
+`unit(n)`, `fault()`, `records`, `counters`, `wait_for()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from agent.controller import line_protocol as lp
+from agent.controller.fake_clock import PreciseSleeper
+from agent.controller.fake_core import (
+    DEFAULT_IDENTITY,
+    DEFAULT_RECORD_LIMIT,
+    DeviceCore,
+    FaultCommand,
+    Faults,
+    PanelSetpoint,
+    WriteRecord,
+    decode_request,
+    parse_panel_command,
+)
+from agent.controller.fake_endpoints import PanelEndpoint, PtyEndpoint, TcpEndpoint
+from agent.controller.fake_rtu import RegisterView
+from agent.controller.fake_wires import Incoming, RtuWire, TextWire, Wire
+from agent.controller.interface import DEFAULT_LIMITS, ControllerState, DeviceIdentity, Limits
+from agent.controller.modbus_driver import RegisterMap
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request on the device line."""
+
+    at: float
+    """time.monotonic() when the request was taken onto the line (after any wait)."""
+    channel: str
+    """"pty" or "tcp"."""
+    line: bytes
+    """The request as received (a text line without its terminator, or an RTU frame)."""
+    client: str
+    """The connection it came on: "pty", or "tcp-<n>" for the n-th TCP connection."""
+    address: int | None
+    """The unit addressed; None for an unaddressed request (point to point)."""
+    kind: str
+    """ID, GET SP, SET SP, GET T, GET STATE, GET LIMITS (line protocol), READ HOLDING,
+    READ INPUT, WRITE, WRITE MULTIPLE, FUNCTION <n> (Modbus), or INVALID."""
+    value: float | None
+    """The value written, for writes."""
+    answered: bool
+    busy_s: float
+    """How long the transaction held the line: emulated line time and SLOW faults."""
+    waited_s: float
+    """How long the request waited for the line."""
+    other_client: str | None
+    """Another client whose transaction was on the line when this request arrived: on a
+    bus with two masters, a collision."""
+    seq: int
+    """1 for the first request on the line, counting on past the records dropped."""
+
+
+@dataclass
+class LineCounters:
+    """Counters over every request since the line was made (not only those recorded)."""
+
+    requests: int = 0
+    answered: int = 0
+    collisions: int = 0
+    """Requests that arrived while another client's transaction was on the line."""
+    connections: int = 0
+    """TCP connections accepted on the device line."""
+    overruns: int = 0
+    """Requests dropped because too many were queued (a flood on the pty)."""
+    busy_s: float = 0.0
+    """Total time the line was held."""
+    work_s: float = 0.0
+    """Total time spent computing replies and records (the fake's own cost, without the
+    event loop and the system calls around it)."""
+    max_wait_s: float = 0.0
+
+
+class Unit:
+    """One device on the line: its core (set point, thermal model, writes), its faults."""
+
+    def __init__(self, line: FakeLine, address: int | None, core: DeviceCore) -> None:
+        self.line = line
+        self.address = address
+        self.core = core
+        self.faults = Faults()
+        self.registers: RegisterView | None = None
+        """Its Modbus registers, on a Modbus line."""
+        self.plug_count = 0
+        """How often the unit came back after FAULT UNPLUG."""
+        self._replug: asyncio.TimerHandle | None = None
+
+    def __repr__(self) -> str:
+        return f"<Unit {self.address} sp={self.setpoint}>"
+
+    @property
+    def setpoint(self) -> float:
+        return self.core.model.setpoint
+
+    @property
+    def writes(self) -> list[WriteRecord]:
+        return self.core.writes
+
+    @property
+    def panel_changes(self) -> list[WriteRecord]:
+        return self.core.panel_changes
+
+    @property
+    def unplugged(self) -> bool:
+        return self.faults.unplugged_until is not None
+
+    def state(self) -> ControllerState:
+        return self.core.state(time.monotonic())
+
+    def panel_setpoint(self, value: float) -> lp.Reply:
+        """A person sets the set point at the device."""
+        reply = self.core.store_setpoint(value, time.monotonic(), "panel")
+        self.line.notify()
+        return reply
+
+    def fault(self, kind: str, amount: float = 0.0) -> None:
+        """A fault of this unit only (see Faults.set); UNPLUG: it never answers until
+        `amount` seconds have passed (or CLEAR)."""
+        kind = kind.upper()
+        was_unplugged = self.unplugged
+        self.faults.set(kind, amount, time.monotonic())
+        if self._replug is not None and (kind in ("UNPLUG", "CLEAR")):
+            self._replug.cancel()
+            self._replug = None
+        if kind == "UNPLUG":
+            log.info("fake line: unit %s unplugged for %s s", self.address, amount)
+            self._replug = asyncio.get_running_loop().call_later(amount, self._plug)
+        elif kind == "CLEAR" and was_unplugged:
+            self._plug()
+        self.line.notify()
+
+    def _plug(self) -> None:
+        self._replug = None
+        self.faults.unplugged_until = None
+        self.plug_count += 1
+        log.info("fake line: unit %s plugged in again", self.address)
+        self.line.notify()
+
+    def _cancel_timers(self) -> None:
+        if self._replug is not None:
+            self._replug.cancel()
+            self._replug = None
+
+
+_SendReply = Callable[[bytes], None]
+
+
+class FakeLine:
+    """A fake serial line with its devices, in-process. start() it, stop() it."""
+
+    def __init__(
+        self,
+        units: int | None = None,
+        *,
+        addresses: Iterable[int] | None = None,
+        modbus: bool = False,
+        register_map: RegisterMap | None = None,
+        setpoint: float = 20.0,
+        temperature: float = 18.0,
+        limits: Limits = DEFAULT_LIMITS,
+        time_constant_s: float = 60.0,
+        identity: DeviceIdentity = DEFAULT_IDENTITY,
+        host: str = "127.0.0.1",
+        emulate_baud: int | None = None,
+        record_limit: int = DEFAULT_RECORD_LIMIT,
+    ) -> None:
+        """`units`: N units at addresses 1..N (or give `addresses`); neither: one point-to-
+        point device. `modbus` (or a `register_map`): the units speak Modbus RTU with that
+        map (default: the Modbus driver's), each at its address as unit id."""
+        if units is not None and addresses is not None:
+            raise ValueError("give units or addresses, not both")
+        if units is not None:
+            if not lp.MIN_ADDRESS <= units <= lp.MAX_ADDRESS:
+                raise ValueError(f"units must be {lp.MIN_ADDRESS}..{lp.MAX_ADDRESS}, not {units}")
+            addresses = range(1, units + 1)
+        chosen: list[int | None] = [None]
+        if addresses is not None:
+            chosen = [lp.check_address(a) for a in addresses]
+            if len(set(chosen)) != len(chosen) or not chosen:
+                raise ValueError(f"addresses must be distinct and at least one: {chosen}")
+        if emulate_baud is not None and not emulate_baud > 0:
+            raise ValueError(f"emulate_baud must be > 0, not {emulate_baud}")
+        if record_limit < 1:
+            raise ValueError(f"record_limit must be >= 1, not {record_limit}")
+        self.wire: Wire
+        if modbus or register_map is not None:
+            if chosen == [None]:
+                raise ValueError("Modbus units need addresses (unit ids)")
+            self.register_map: RegisterMap | None = register_map or RegisterMap()
+            self.wire = RtuWire(self.register_map)
+        else:
+            self.register_map = None
+            self.wire = TextWire()
+        self.host = host
+        self.emulate_baud = emulate_baud
+        """If set, each transaction holds the line for its request's and reply's line time."""
+        self.record_limit = record_limit
+        self.faults = Faults()
+        """Faults of the whole line (FAULT without a prefix): they hit every unit's replies."""
+        self.counters = LineCounters()
+        self.plug_count = 0
+        """How often the line came back after FAULT UNPLUG."""
+        now = time.monotonic()
+        self._units: dict[int | None, Unit] = {}
+        for address in chosen:
+            unit_identity = identity
+            if address is not None and identity == DEFAULT_IDENTITY:
+                unit_identity = replace(identity, serial=f"SIM{address:04d}")
+            core = DeviceCore(
+                now=now,
+                setpoint=setpoint,
+                temperature=temperature,
+                limits=limits,
+                time_constant_s=time_constant_s,
+                identity=unit_identity,
+                record_limit=record_limit,
+            )
+            unit = Unit(self, address, core)
+            if self.register_map is not None:
+                unit.registers = RegisterView(self.register_map, core)
+            self._units[address] = unit
+        self._records: deque[RequestRecord] = deque(maxlen=record_limit)
+        self._medium = asyncio.Lock()
+        self._sleeper = PreciseSleeper("fake-line-clock")
+        self._on_line: str | None = None
+        self._changed = asyncio.Event()
+        self._connection_ids = 0
+        self._pty_link: Path | None = None
+        self._pty: PtyEndpoint | None = None
+        self._tcp_port: int | None = None
+        self._tcp: TcpEndpoint | None = None
+        self._panel: PanelEndpoint | None = None
+        self._replug: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = False
+
+    # --- units and records --------------------------------------------------------------
+
+    @property
+    def addressed(self) -> bool:
+        """Whether the units have addresses (a multi-drop line)."""
+        return None not in self._units
+
+    @property
+    def units(self) -> list[Unit]:
+        return list(self._units.values())
+
+    def unit(self, address: int | None = None) -> Unit:
+        """The unit at `address` (None: the point-to-point device)."""
+        try:
+            return self._units[address]
+        except KeyError:
+            raise KeyError(f"no unit at address {address} on this line") from None
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """The last record_limit requests on the device line, oldest first."""
+        return list(self._records)
+
+    def records_since(self, seq: int) -> list[RequestRecord]:
+        """The records after the one numbered `seq` (0: all kept)."""
+        return [r for r in self._records if r.seq > seq]
+
+    @property
+    def unplugged(self) -> bool:
+        return self.faults.unplugged_until is not None
+
+    def notify(self) -> None:
+        """Wake every wait_for; each waits on the event current when it last looked."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+        """Wait until predicate() holds; it is checked after every request and change."""
+        async with asyncio.timeout(timeout_s):
+            while not predicate():
+                await self._changed.wait()
+
+    # --- faults of the whole line ---------------------------------------------------------
+
+    def fault(self, kind: str, amount: float = 0.0) -> None:
+        """A fault of the whole line. UNPLUG: connections drop and opens fail for `amount`
+        seconds; CLEAR: clears the line's faults and every unit's; others hit every reply."""
+        kind = kind.upper()
+        if kind == "CLEAR":
+            was_unplugged = self.unplugged
+            self.faults.clear()
+            for unit in self._units.values():
+                if unit.faults != Faults():
+                    unit.fault("CLEAR")
+            if was_unplugged and self._replug is not None:
+                self._replug.cancel()
+                self._spawn(self._plug())
+        elif kind == "UNPLUG":
+            self.faults.set(kind, amount, time.monotonic())
+            log.info("fake line: unplugged for %s s", amount)
+            self._spawn(self._unplug())
+            if self._replug is not None:
+                self._replug.cancel()
+            self._replug = asyncio.get_running_loop().call_later(
+                amount, lambda: self._spawn(self._plug())
+            )
+        else:
+            self.faults.set(kind, amount, time.monotonic())
+        self.notify()
+
+    # --- the medium -------------------------------------------------------------------------
+
+    def connection_id(self) -> str:
+        """A name for a new TCP connection on the device line."""
+        self._connection_ids += 1
+        self.counters.connections += 1
+        return f"tcp-{self._connection_ids}"
+
+    async def transact(
+        self, client: str, channel: str, frame: bytes | None, send: _SendReply
+    ) -> None:
+        """One request from a client: wait for the line, let the addressed unit answer,
+        hold the line for the transaction's time, and send the reply (if any)."""
+        incoming = self.wire.parse(frame)
+        if incoming is None:
+            return  # a blank line
+        arrived = time.monotonic()
+        holder = self._on_line
+        other = holder if holder is not None and holder != client else None
+        if other is not None:
+            self.counters.collisions += 1
+        async with self._medium:
+            self._on_line = client
+            try:
+                start = time.monotonic()
+                reply, busy = self._serve(client, channel, frame, incoming, start, arrived, other)
+                if busy > 0:
+                    await self._sleeper.sleep_until(start + busy)
+                if reply is not None:
+                    send(reply)
+            finally:
+                self._on_line = None
+
+    def _serve(
+        self,
+        client: str,
+        channel: str,
+        frame: bytes | None,
+        incoming: Incoming,
+        now: float,
+        arrived: float,
+        other: str | None,
+    ) -> tuple[bytes | None, float]:
+        """The reply (None: nobody answers) and how long the line is held. No I/O."""
+        work_started = time.perf_counter()
+        line_faults = self.faults
+        unit = self._units.get(incoming.address)
+        reply: bytes | None = None
+        slow = 0.0
+        if not (
+            unit is None
+            or unit.faults.unplugged(now)
+            or unit.faults.silent(now)
+            or line_faults.silent(now)
+        ):
+            damage = self.wire.damage
+            reply = unit.faults.mangle(self.wire.answer(unit, incoming, now, channel), damage)
+            reply = line_faults.mangle(reply, damage)
+            slow = unit.faults.slow_s + line_faults.slow_s
+        busy = slow
+        if self.emulate_baud:
+            size = self.wire.request_size(frame) + (len(reply) if reply is not None else 0)
+            busy += size * self.wire.bits_per_char / self.emulate_baud
+        counters = self.counters
+        counters.requests += 1
+        if reply is not None:
+            counters.answered += 1
+        waited = now - arrived
+        counters.busy_s += busy
+        counters.max_wait_s = max(counters.max_wait_s, waited)
+        self._records.append(
+            RequestRecord(
+                at=now,
+                channel=channel,
+                line=frame if frame is not None else b"",
+                client=client,
+                address=incoming.address,
+                kind=incoming.kind,
+                value=incoming.value,
+                answered=reply is not None,
+                busy_s=busy,
+                waited_s=waited,
+                other_client=other,
+                seq=counters.requests,
+            )
+        )
+        self.notify()
+        counters.work_s += time.perf_counter() - work_started
+        return reply, busy
+
+    # --- the front panel --------------------------------------------------------------------
+
+    def panel_reply(self, line: bytes | None) -> bytes | None:
+        """The panel's reply to one line: device requests, PANEL SP and FAULT commands, with
+        an optional `@<n> ` prefix naming the unit (FAULT without one: the whole line)."""
+        if line is None:
+            return lp.encode_line("ERR SYNTAX", with_checksum=False)
+        decoded = decode_request(line)
+        if decoded is None or isinstance(decoded, bytes):
+            return decoded
+        try:
+            address, payload = lp.split_address(decoded.payload)
+        except lp.ProtocolError:
+            return lp.encode_line("ERR SYNTAX", with_checksum=decoded.checksummed)
+        text = lp.format_reply(self._panel_command(address, payload))
+        return lp.encode_line(lp.with_address(address, text), with_checksum=decoded.checksummed)
+
+    def _panel_command(self, address: int | None, payload: str) -> lp.Reply:
+        try:
+            command = parse_panel_command(payload)
+            if isinstance(command, FaultCommand) and address is None:
+                self.fault(command.kind, command.amount)
+                return lp.OkReply()
+            unit = self._units.get(address)
+            if unit is None:
+                return lp.ErrorReply("ADDRESS")
+            if command is None:
+                reply = unit.core.answer(lp.parse_request(payload), time.monotonic(), "panel")
+                self.notify()
+                return reply
+            if isinstance(command, PanelSetpoint):
+                return unit.panel_setpoint(command.value)
+            unit.fault(command.kind, command.amount)
+            return lp.OkReply()
+        except lp.RequestError as exc:
+            return lp.ErrorReply(exc.code)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def start(
+        self,
+        *,
+        pty_link: str | Path | None = None,
+        tcp_port: int | None = None,
+        panel_port: int | None = None,
+    ) -> Self:
+        """Serve the device line on a pty (symlink at pty_link) and/or TCP, and the
+        panel on TCP. Port 0 picks a free port."""
+        if pty_link is None and tcp_port is None:
+            raise ValueError("give the device a pty link, a TCP port, or both")
+        self._changed = asyncio.Event()
+        self._started = True
+        try:
+            if pty_link is not None:
+                self._attach_pty(pty_link)
+            if tcp_port is not None:
+                self._tcp = await TcpEndpoint.listen(self, self.host, tcp_port)
+                # Keep the port picked for 0: after an unplug the line comes back on it.
+                self._tcp_port = self._tcp.port
+            if panel_port is not None:
+                self._panel = await PanelEndpoint.listen(self, self.host, panel_port)
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    def _attach_pty(self, link: str | Path) -> None:
+        # Creating a pty and a symlink are quick local calls, fine on the loop.
+        self._pty_link = Path(link).absolute()
+        self._pty = PtyEndpoint(self, self._pty_link)
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        if self._replug is not None:
+            self._replug.cancel()
+            self._replug = None
+        for unit in self._units.values():
+            unit._cancel_timers()
+        for task in list(self._tasks):
+            task.cancel()
+        await self._unplug()
+        self._sleeper.close()
+        panel, self._panel = self._panel, None
+        if panel is not None:
+            await panel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _unplug(self) -> None:
+        # Detached before the awaits: a replug meanwhile makes new endpoints.
+        pty, self._pty = self._pty, None
+        tcp, self._tcp = self._tcp, None
+        if pty is not None:
+            await pty.close()
+        if tcp is not None:
+            await tcp.close()
+        self.notify()
+
+    async def _plug(self) -> None:
+        self._replug = None
+        self.faults.unplugged_until = None
+        if not self._started:
+            return
+        try:
+            if self._pty_link is not None and self._pty is None:
+                self._pty = PtyEndpoint(self, self._pty_link)
+            if self._tcp_port is not None and self._tcp is None:
+                self._tcp = await TcpEndpoint.listen(self, self.host, self._tcp_port)
+        except OSError:
+            log.exception("fake line: could not come back")
+            return
+        self.plug_count += 1
+        log.info("fake line: plugged in again")
+        self.notify()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- endpoints ------------------------------------------------------------------------------
+
+    @property
+    def pty_link(self) -> str | None:
+        """The device path to open (a symlink to the current pty)."""
+        return None if self._pty_link is None else str(self._pty_link)
+
+    @property
+    def tcp_url(self) -> str | None:
+        return None if self._tcp_port is None else f"socket://{self.host}:{self._tcp_port}"
+
+    @property
+    def panel_address(self) -> tuple[str, int] | None:
+        return None if self._panel is None else (self.host, self._panel.port)
+
+    @property
+    def panel_url(self) -> str | None:
+        return None if self._panel is None else f"tcp://{self.host}:{self._panel.port}"
+
+    def ready_line(self) -> str:
+        """`device <url> [device <url>] [panel <url>]`, as sim-device prints it."""
+        words: list[str] = []
+        for url in (self.pty_link, self.tcp_url):
+            if url is not None:
+                words += ["device", url]
+        if self.panel_url is not None:
+            words += ["panel", self.panel_url]
+        return " ".join(words)

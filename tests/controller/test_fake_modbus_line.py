@@ -1,0 +1,182 @@
+"""A fake line of Modbus RTU units, through pymodbus's own client, on a pty and on TCP
+(raw RTU frames, as a serial device server in raw mode passes them)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from agent.controller.fake_line import FakeLine
+from agent.controller.modbus_driver import RegisterMap
+
+pymodbus = pytest.importorskip("pymodbus")
+from pymodbus.client import ModbusSerialClient  # noqa: E402
+from pymodbus.exceptions import ModbusIOException  # noqa: E402
+
+T = TypeVar("T")
+UNITS = 8
+
+
+def tenths(address: int) -> int:
+    """Each unit's own set point, in register units (tenths of a degree)."""
+    return 150 + 5 * address
+
+
+@pytest.fixture
+async def bus(tmp_path: Path) -> AsyncIterator[FakeLine]:
+    fake = FakeLine(UNITS, modbus=True, time_constant_s=1e6)
+    for unit in fake.units:
+        unit.panel_setpoint(tenths(unit.address or 0) / 10)
+    await fake.start(pty_link=tmp_path / "ttyRTU", tcp_port=0, panel_port=0)
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+@pytest.fixture(params=["pty", "tcp"])
+def url(request: pytest.FixtureRequest, bus: FakeLine) -> str:
+    found = bus.pty_link if request.param == "pty" else bus.tcp_url
+    assert found is not None
+    return found
+
+
+async def with_client(url: str, work: Callable[[Any], T]) -> T:
+    """Run `work(client)` with a pymodbus RTU client on `url`, off the event loop."""
+
+    def run() -> T:
+        client = ModbusSerialClient(
+            url,
+            framer=pymodbus.FramerType.RTU,
+            baudrate=19200,
+            parity="N",  # ptys may refuse parity bits
+            timeout=0.3,
+            retries=0,
+        )
+        assert client.connect()
+        try:
+            return work(client)
+        finally:
+            client.close()
+
+    return await asyncio.to_thread(run)
+
+
+def read_setpoint(client: Any, unit: int) -> int:
+    response = client.read_holding_registers(0, count=1, device_id=unit)
+    assert not response.isError(), response
+    return int(response.registers[0])
+
+
+def no_reply(client: Any, unit: int) -> bool:
+    try:
+        client.read_holding_registers(0, count=1, device_id=unit)
+    except ModbusIOException:
+        return True
+    return False
+
+
+async def test_each_unit_answers_at_its_unit_id(bus: FakeLine, url: str) -> None:
+    def work(client: Any) -> None:
+        for n in range(1, UNITS + 1):
+            response = client.read_holding_registers(0, count=2, device_id=n)
+            assert response.registers == [tenths(n), 180]
+        assert not client.write_register(0, 225, device_id=3).isError()
+        assert read_setpoint(client, 3) == 225
+        refused = client.write_register(0, 400, device_id=4)  # over the limits
+        assert refused.isError() and refused.exception_code == 3
+        read_only = client.write_register(1, 100, device_id=4)
+        assert read_only.isError() and read_only.exception_code == 2
+        assert no_reply(client, UNITS + 1)
+
+    await with_client(url, work)
+    assert bus.unit(3).setpoint == 22.5
+    assert [(w.value, w.stored) for w in bus.unit(3).writes] == [(22.5, 22.5)]
+    assert [(w.value, w.stored) for w in bus.unit(4).writes] == [(40.0, None)]
+    assert all(u.setpoint == tenths(u.address or 0) / 10 for u in bus.units if u.address != 3)
+    kinds = [(r.address, r.kind, r.value, r.answered) for r in bus.records]
+    assert kinds[UNITS : UNITS + 2] == [(3, "WRITE", 22.5, True), (3, "READ HOLDING", None, True)]
+    assert kinds[-1] == (UNITS + 1, "READ HOLDING", None, False)
+
+
+async def test_per_unit_faults_hit_that_unit_only(bus: FakeLine, url: str) -> None:
+    bus.unit(2).fault("SILENT", 30)
+    bus.unit(4).fault("GARBAGE", 1)  # a reply with a bad CRC: the client drops it
+    bus.unit(5).fault("UNPLUG", 30)
+
+    def work(client: Any) -> None:
+        for n in range(1, UNITS + 1):
+            if n in (2, 4, 5):
+                assert no_reply(client, n), n
+            else:
+                assert read_setpoint(client, n) == tenths(n)
+        assert read_setpoint(client, 4) == tenths(4)  # the garbage was used up
+        assert no_reply(client, 2) and no_reply(client, 5)
+
+    await with_client(url, work)
+    bus.unit(5).panel_setpoint(21.0)  # changed at the unit while it was off the line
+    bus.unit(5).fault("CLEAR")
+    assert await with_client(url, lambda client: read_setpoint(client, 5)) == 210
+
+
+async def test_line_wide_faults_hit_every_unit(bus: FakeLine, url: str) -> None:
+    bus.fault("GARBAGE", 3)  # the next three replies on the line, whichever unit's
+
+    def work(client: Any) -> None:
+        assert [no_reply(client, n) for n in range(1, UNITS + 1)] == [True] * 3 + [False] * 5
+        assert all(read_setpoint(client, n) == tenths(n) for n in range(1, UNITS + 1))
+
+    await with_client(url, work)
+
+
+async def test_line_time_at_11_bits_a_character(tmp_path: Path) -> None:
+    async with FakeLine(4, modbus=True, emulate_baud=19200) as bus:
+        await bus.start(tcp_port=0)
+        assert bus.tcp_url is not None
+        await with_client(
+            bus.tcp_url, lambda client: client.read_holding_registers(0, count=2, device_id=4)
+        )
+    (record,) = bus.records
+    # Request: 8 bytes. Reply: address, function, byte count, 2 registers, CRC: 9 bytes.
+    assert record.busy_s == pytest.approx((8 + 9) * 11 / 19200)
+
+
+async def test_a_different_register_map(tmp_path: Path) -> None:
+    hundredths = RegisterMap(setpoint_register=100, temperature_register=101, scale=100)
+    async with FakeLine(addresses=[17, 42], register_map=hundredths) as bus:
+        await bus.start(pty_link=tmp_path / "ttyRTU")
+        assert bus.pty_link is not None
+
+        def work(client: Any) -> list[int]:
+            assert not client.write_register(100, 2150, device_id=42).isError()
+            return list(client.read_holding_registers(100, count=2, device_id=42).registers)
+
+        assert await with_client(bus.pty_link, work) == [2150, 1800]
+        assert bus.unit(42).setpoint == 21.5 and bus.unit(17).setpoint == 20.0
+
+
+async def test_the_panel_of_a_modbus_line(bus: FakeLine) -> None:
+    assert bus.panel_address is not None
+    reader, writer = await asyncio.open_connection(*bus.panel_address)
+
+    async def ask(text: str) -> bytes:
+        writer.write(text.encode() + b"\n")
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), 3.0)
+
+    try:
+        assert await ask("@2 PANEL SP 24.5") == b"@2 OK SP 24.5\r\n"
+        assert await ask("@2 GET SP") == b"@2 SP 24.5\r\n"
+        assert await ask("@6 FAULT SILENT 30") == b"@6 OK\r\n"
+    finally:
+        writer.close()
+    assert bus.pty_link is not None
+
+    def work(client: Any) -> tuple[int, bool]:
+        return read_setpoint(client, 2), no_reply(client, 6)
+
+    assert await with_client(bus.pty_link, work) == (245, True)
