@@ -655,7 +655,9 @@ def resolve_line(settings: AgentSettings) -> Line:
     if settings.devices_file is not None:
         try:
             raw = parse_devices(settings.devices_file.read_text())
-            devices = [DeviceSettings.model_validate(entry) for entry in raw]  # type: ignore[union-attr]
+            if not isinstance(raw, list):
+                raise ValueError("expected a list of devices")
+            devices = [DeviceSettings.model_validate(entry) for entry in raw]
             check_devices(devices)
         except (OSError, ValueError, TypeError) as exc:
             raise LineConfigError(f"AGENT_DEVICES_FILE ({settings.devices_file}): {exc}") from None
