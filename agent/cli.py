@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "emulator": "agent.emulator.cli",
     "store": "agent.client.cli",
     "sim-device": "agent.controller.cli",
+    "setpoint": "agent.ops.setpoint_cli",
 }
 
 EXIT_USAGE = 2

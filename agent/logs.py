@@ -21,7 +21,12 @@ def set_context(device: str, instance: str) -> None:
 
 class _ContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.where = _where.get()
+        device = getattr(record, "device", None)
+        where = _where.get()
+        if device is not None:
+            line, _, instance = where.partition("/")
+            where = f"{line}/{device}/{instance}" if device != line else where
+        record.where = where
         return True
 
 

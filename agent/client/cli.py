@@ -43,11 +43,11 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _connection_options(parser)
+    connection_options(parser)
     # The same options after the subcommand; without defaults of their own, so that they do
     # not reset what was given before it.
     shared = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
-    _connection_options(shared, defaults=False)
+    connection_options(shared, defaults=False)
     commands = parser.add_subparsers(dest="store_command", metavar="COMMAND", required=True)
 
     get = commands.add_parser(
@@ -128,7 +128,7 @@ _SECRET_FILE_FLAGS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -> None:
+def connection_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -> None:
     def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
 
@@ -177,7 +177,7 @@ def _connection_options(parser: argparse.ArgumentParser, *, defaults: bool = Tru
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
     try:
-        settings = _settings(args)
+        settings = connection_settings(args)
     except UsageError as exc:
         print(f"agent store: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
-def _settings(args: argparse.Namespace) -> MqttSettings:
+def connection_settings(args: argparse.Namespace) -> MqttSettings:
     """The environment's settings (as the agent reads them), with the flags on top."""
     flags: dict[str, Any] = {}
     given: dict[tuple[str, ...], str] = {}  # settings path -> the flag that set it
@@ -262,30 +262,37 @@ def _show(value: bytes, as_hex: bool) -> str:
 
 
 async def _main(args: argparse.Namespace, settings: MqttSettings) -> int:
+    command: Callable[[StateStoreClient, argparse.Namespace], Awaitable[int]] = args.store_func
+    return await with_client(args, settings, "agent store", lambda c: command(c, args))
+
+
+async def with_client(
+    args: argparse.Namespace,
+    settings: MqttSettings,
+    name: str,
+    work: Callable[[StateStoreClient], Awaitable[int]],
+) -> int:
+    """Connects (failing fast where a person waits), runs `work`, maps failures to the exit
+    codes above."""
     client_id = settings.client_id or f"agent-store-{uuid.uuid4().hex[:12]}"
     try:
         session = Session(settings, client_id=client_id)
     except SessionError as exc:  # TLS files that cannot be used
-        print(f"agent store: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
         await session.start(wait=True, timeout=args.timeout, fail_fast=True)
     except (SessionError, OSError) as exc:
-        print(
-            f"agent store: cannot connect to {settings.host}:{settings.port}: {exc}",
-            file=sys.stderr,
-        )
+        print(f"{name}: cannot connect to {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return EXIT_CONNECTION
     try:
         async with StateStoreClient(session, request_timeout_s=args.timeout) as client:
-            command: Callable[[StateStoreClient, argparse.Namespace], Awaitable[int]]
-            command = args.store_func
-            return await command(client, args)
+            return await work(client)
     except (RequestTimeout, SessionError, OSError) as exc:
-        print(f"agent store: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return EXIT_CONNECTION
     except StateStoreError as exc:  # the service's -ERR text, or an answer we cannot use
-        print(f"agent store: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return EXIT_SERVICE
     finally:
         await session.stop()

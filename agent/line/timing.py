@@ -45,8 +45,9 @@ class LineTiming:
         return max(0.05, 2 * (self.turnaround_s + self.chars_s(longest_reply)))
 
     def transaction_s(self, request: int, reply: int) -> float:
-        """One transaction as the line sees it: request, turnaround, reply, silence."""
-        return self.chars_s(request) + self.turnaround_s + self.chars_s(reply) + self.silent_s
+        """One transaction's line time: request, reply and the silence after it. (A
+        device's turnaround comes on top: up to `turnaround_s`, unknown below that.)"""
+        return self.chars_s(request) + self.chars_s(reply) + self.silent_s
 
 
 def bits_per_char(bytesize: int, parity: str, stopbits: float) -> int:

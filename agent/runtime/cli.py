@@ -202,9 +202,7 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
         from agent.runtime.simulate import simulate
 
         broker_configured = _configured("AGENT_MQTT__HOST", _flag_settings(args), "mqtt", "host")
-        return asyncio.run(
-            simulate(settings, pair=args.pair, use_broker=broker_configured, units=args.units)
-        )
+        return asyncio.run(simulate(settings, pair=args.pair, use_broker=broker_configured))
     return asyncio.run(_run(settings))
 
 

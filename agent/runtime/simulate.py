@@ -1,7 +1,8 @@
 """`agent --simulate`: the whole thing on one machine.
 
-A fake controller (on TCP, as a serial device server would share it with a pair), an
-embedded state store unless a broker is configured, and the agent (two with --pair).
+A fake line (on TCP, as a serial device server would share it with a pair): one controller,
+or with `--units N` a whole multi-drop line of them; an embedded state store unless a broker
+is configured; and the agent (two with --pair).
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ import signal
 import sys
 
 from agent.config import AgentSettings
-from agent.controller.fake_device import start_fake_device
+from agent.controller.fake_line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
 from agent.runtime.agent import Agent
 
 
-async def simulate(
-    settings: AgentSettings, *, pair: bool, use_broker: bool, units: int = 0
-) -> int:
+async def simulate(settings: AgentSettings, *, pair: bool, use_broker: bool) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -30,8 +29,11 @@ async def simulate(
         await emulator.start()
         mqtt = settings.mqtt.model_copy(update={"host": emulator.host, "port": emulator.port})
         settings = settings.model_copy(update={"mqtt": mqtt})
-    device = await start_fake_device(tcp_port=0, panel_port=0)
-    serial = settings.serial.model_copy(update={"driver": "line", "url": device.tcp_url})
+    addresses = [d.address for d in settings.line.devices if d.address is not None]
+    modbus = settings.serial.driver == "modbus"
+    device = FakeLine(addresses=addresses or None, modbus=modbus)
+    await device.start(tcp_port=0, panel_port=0)
+    serial = settings.serial.model_copy(update={"url": device.tcp_url})
     settings = settings.model_copy(update={"serial": serial})
     instances = [settings]
     if pair:
@@ -39,20 +41,24 @@ async def simulate(
         instances.append(other)
 
     host, port = settings.mqtt.host, settings.mqtt.port
-    first = settings.line.devices[0].id
-    key = settings.key("setpoint", first).replace("'", "'\\''")
-    lock = settings.lock_key.replace("'", "'\\''")
+    first = settings.line.devices[0]
+    key = settings.key("setpoint", first.id).replace("'", "'\\''")
     panel_host, panel_port = device.panel_url.removeprefix("tcp://").rsplit(":", 1)  # type: ignore[union-attr]
+    at = "" if first.address is None else f"@{first.address} "
+    devices = ", ".join(
+        d.id if d.address is None else f"{d.id} (@{d.address})" for d in settings.line.devices
+    )
     print(
         f"state store  mqtt://{host}:{port}"
         + (" (embedded)" if emulator is not None else "")
+        + f"\nline         {settings.line.id}: {devices}"
         + f"\nfront panel  {device.panel_url}"
         + f"\ndevice line  {device.tcp_url}"
-        + "\n\nChange the set point from another terminal, in the store:"
+        + "\n\nChange a set point from another terminal, in the store:"
         + f"\n  export AGENT_MQTT__HOST={host} AGENT_MQTT__PORT={port}"
-        + f"\n  agent store set '{key}' 22.5 --fence-with '{lock}'"
+        + f"\n  agent setpoint set {first.id} 22.5 --wait 5"
         + "\nor at the device's front panel:"
-        + f"\n  printf 'PANEL SP 23.5\\r\\n' > /dev/tcp/{panel_host}/{panel_port}"
+        + f"\n  printf '{at}PANEL SP 23.5\\r\\n' > /dev/tcp/{panel_host}/{panel_port}"
         + "\nWatch the store:"
         + f"\n  agent store watch '{key}'"
         + "\nStop with Ctrl-C.\n",

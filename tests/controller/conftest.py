@@ -2,20 +2,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agent.controller.fake_device import FakeDevice
-from agent.controller.serial_driver import SerialController
-
-# Small bounds so that the suite stays fast; the defaults are tested on their own.
-FAST: dict[str, Any] = {
-    "reply_timeout_s": 0.25,
-    "min_write_interval_s": 0.2,
-    "backoff_initial_s": 0.05,
-    "backoff_max_s": 0.4,
-}
 
 
 @pytest.fixture
@@ -27,12 +17,3 @@ async def device(tmp_path: Path) -> AsyncIterator[FakeDevice]:
         yield fake
     finally:
         await fake.stop()
-
-
-@pytest.fixture
-async def driver(device: FakeDevice) -> AsyncIterator[SerialController]:
-    """The line-protocol driver on the fake device's pty."""
-    assert device.pty_link is not None
-    async with SerialController(device.pty_link, **FAST) as controller:
-        assert controller.available
-        yield controller

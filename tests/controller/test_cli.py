@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.controller import line_protocol as lp
-from agent.controller.serial_driver import SerialController
-from tests.controller.conftest import FAST
+from tests.support.controllers import one_controller
 
 
 @asynccontextmanager
@@ -56,8 +55,8 @@ async def test_ready_line_and_clean_exit(signum: signal.Signals) -> None:
         writer.write(b"PANEL SP 23\n")
         assert await asyncio.wait_for(reader.readline(), 5.0) == b"OK SP 23.0\r\n"
         writer.close()
-        async with SerialController(found["device"][0], **FAST) as driver:
-            assert (await driver.read_state()).setpoint == 23.0
+        async with one_controller(found["device"][0]) as controller:
+            assert (await controller.read_state()).setpoint == 23.0
         process.send_signal(signum)
         assert await asyncio.wait_for(process.wait(), 10.0) == 0
         assert process.stderr is not None
@@ -69,9 +68,9 @@ async def test_pty_link_appears_and_is_removed_on_exit(tmp_path: Path) -> None:
     async with sim_device("--pty", str(link), "--setpoint", "21.5") as (process, ready):
         assert ready == f"device {link}"
         assert link.is_symlink()
-        async with SerialController(str(link), **FAST) as driver:
-            assert await driver.read_setpoint() == 21.5
-            assert await driver.write_setpoint(22) == 22.0
+        async with one_controller(str(link)) as controller:
+            assert (await controller.read_state()).setpoint == 21.5
+            assert await controller.write_setpoint(22) == 22.0
         process.terminate()
         assert await asyncio.wait_for(process.wait(), 10.0) == 0
     assert not link.exists() and not link.is_symlink()

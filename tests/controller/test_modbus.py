@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.controller.driver import Unit
 from agent.controller.interface import (
     ControllerError,
     ControllerUnavailable,
@@ -23,12 +25,13 @@ from agent.controller.interface import (
 from agent.controller.modbus_driver import (
     READ_INPUT,
     WRITE_MULTIPLE,
-    ModbusController,
+    ModbusDriver,
     ModbusSupportMissing,
     RegisterMap,
     plan_reads,
 )
-from tests.controller.conftest import FAST
+from agent.line.bus import DeviceHandle
+from tests.support.controllers import FAST_BUS, one_controller
 
 pytest.importorskip("pymodbus")
 
@@ -105,20 +108,22 @@ def test_plan_reads_joins_close_registers() -> None:
 
 
 def test_defaults() -> None:
-    driver = ModbusController("/dev/ttyUSB0")
-    assert driver.min_write_interval_s == 1.0
-    assert (driver.backoff_initial_s, driver.backoff_max_s) == (1.0, 30.0)
-    assert driver.map == RegisterMap()
+    driver = ModbusDriver("/dev/ttyUSB0")
+    assert driver.timing.bits_per_char == 11  # 8E1
+    # Hundreds of milliseconds, from the baud rate: not the seconds of library defaults.
+    assert 0.05 <= driver.reply_timeout_s < 0.5
+    assert ModbusDriver.register_map(Unit("t", 7)) == RegisterMap(unit_id=7)
 
 
 def test_base_install_works_without_pymodbus(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "sys.modules['pymodbus'] = None\n"  # makes `import pymodbus` fail
-        "import agent.controller, agent.controller.serial_driver, agent.controller.cli\n"
-        "from agent.controller.modbus_driver import ModbusController, ModbusSupportMissing\n"
+        "import agent.controller, agent.controller.line_driver, agent.controller.cli\n"
+        "import agent.runtime.agent, agent.line.bus\n"
+        "from agent.controller.modbus_driver import ModbusDriver, ModbusSupportMissing\n"
         "try:\n"
-        "    ModbusController('/dev/ttyUSB0')\n"
+        "    ModbusDriver('/dev/ttyUSB0')\n"
         "except ModbusSupportMissing as exc:\n"
         "    print(exc)\n"
     )
@@ -131,107 +136,103 @@ def test_base_install_works_without_pymodbus(tmp_path: Path) -> None:
 
 # --- against the fake thermostat -------------------------------------------------------
 
+Pair = tuple[FakeModbusThermostat, DeviceHandle]
+FAST_REPLY_S = 0.25
 
-async def start_pair(
+
+def modbus(link: str) -> ModbusDriver:
+    # Parity N: Linux ptys may refuse parity bits (the fake uses N too).
+    return ModbusDriver(link, parity="N", reply_timeout_s=FAST_REPLY_S)
+
+
+def on_line(handle: DeviceHandle, call: str) -> object:
+    """A driver call of the tests' own (read_setpoint), through the bus's thread."""
+    driver = handle.bus.driver
+    return handle.bus._call(lambda: getattr(driver, call)(handle.unit))
+
+
+@contextlib.asynccontextmanager
+async def started(
     tmp_path: Path, register_map: RegisterMap, **fake_options: object
-) -> tuple[FakeModbusThermostat, ModbusController]:
+) -> AsyncIterator[Pair]:
     fake = FakeModbusThermostat(register_map, **fake_options)  # type: ignore[arg-type]
     await fake.start(tmp_path / "ttyMODBUS")
     assert fake.link is not None
-    # Parity N: Linux ptys may refuse parity bits (the fake uses N too).
-    driver = ModbusController(fake.link, register_map, parity="N", **FAST)
-    await driver.open()
-    return fake, driver
-
-
-@pytest.fixture(params=[SIMPLE_MAP, FULL_MAP], ids=["simple", "full"])
-async def pair(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[tuple[FakeModbusThermostat, ModbusController]]:
-    fake, driver = await start_pair(tmp_path, request.param, time_constant_s=1e6)
+    unit = Unit("t1", register_map.unit_id, register_map)
     try:
-        yield fake, driver
+        async with one_controller(modbus(fake.link), unit) as handle:
+            yield fake, handle
     finally:
-        await driver.close()
         await fake.stop()
 
 
-async def test_reads(pair: tuple[FakeModbusThermostat, ModbusController]) -> None:
-    fake, driver = pair
-    assert driver.available
-    assert await driver.read_limits() == Limits(5.0, 35.0, 0.5)
-    assert await driver.read_setpoint() == 20.0
-    assert await driver.read_temperature() == 18.0
-    state = await driver.read_state()
+@pytest.fixture(params=[SIMPLE_MAP, FULL_MAP], ids=["simple", "full"])
+async def pair(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Pair]:
+    async with started(tmp_path, request.param, time_constant_s=1e6) as found:
+        yield found
+
+
+async def test_reads(pair: Pair) -> None:
+    fake, handle = pair
+    register_map = handle.unit.options
+    assert handle.available
+    assert await handle.read_limits() == Limits(5.0, 35.0, 0.5)
+    assert await on_line(handle, "read_setpoint") == 20.0
+    state = await handle.read_state()
     assert (state.setpoint, state.temperature) == (20.0, 18.0)
-    if driver.map.mode_register is None:
+    if register_map.mode_register is None:
         assert (state.output, state.mode) == (None, None)
     else:
         assert (state.output, state.mode) == (50, Mode.HEAT)
     used = {a.function_code for a in fake.accesses}
-    assert used == ({3} if driver.map is SIMPLE_MAP else {3, 4})
+    assert used == ({3} if register_map is SIMPLE_MAP else {3, 4})
 
 
-async def test_write_rounds_and_reads_back(
-    pair: tuple[FakeModbusThermostat, ModbusController],
-) -> None:
-    fake, driver = pair
-    assert await driver.write_setpoint(22.3) == 22.5
+async def test_write_rounds_and_reads_back(pair: Pair) -> None:
+    fake, handle = pair
+    register_map = handle.unit.options
+    assert await handle.write_setpoint(22.3) == 22.5
     assert fake.setpoint == 22.5
     assert [w.stored for w in fake.writes] == [22.5]
     writes = [a for a in fake.accesses if a.written is not None]
-    assert writes[0].function_code == driver.map.write_function
-    assert writes[0].written == (driver.map.encode(22.5),)
-    # Read back after the write.
+    assert writes[0].function_code == register_map.write_function
+    assert writes[0].written == (register_map.encode(22.5),)
+    # Read back after the write: the write's echo is no read-back.
     last = fake.accesses[-1]
-    assert last.written is None and last.address == driver.map.setpoint_register
+    assert last.written is None and last.address == register_map.setpoint_register
 
 
-async def test_write_only_on_change_and_interval(
-    pair: tuple[FakeModbusThermostat, ModbusController],
-) -> None:
-    fake, driver = pair
-    await driver.write_setpoint(20.0)
-    assert fake.writes == []
-    await driver.write_setpoint(21)
-    await driver.write_setpoint(21.1)
-    await driver.write_setpoint(22)
+async def test_writes_keep_the_least_interval(pair: Pair) -> None:
+    fake, handle = pair
+    await handle.write_setpoint(21)
+    await handle.write_setpoint(22)
     times = [w.at for w in fake.writes]
     assert [w.stored for w in fake.writes] == [21.0, 22.0]
-    assert times[1] - times[0] >= FAST["min_write_interval_s"]
+    assert times[1] - times[0] >= FAST_BUS["min_write_interval_s"]
 
 
 @pytest.mark.parametrize("value", [4.0, 36.0, math.nan, math.inf, "21", None, False])
-async def test_invalid_setpoints_write_nothing(
-    pair: tuple[FakeModbusThermostat, ModbusController], value: object
-) -> None:
-    fake, driver = pair
+async def test_invalid_setpoints_write_nothing(pair: Pair, value: object) -> None:
+    fake, handle = pair
     with pytest.raises(InvalidSetpoint):
-        await driver.write_setpoint(value)
+        await handle.write_setpoint(value)
     assert fake.writes == []
     assert all(a.written is None for a in fake.accesses)
 
 
 async def test_negative_temperatures_need_signed_registers(tmp_path: Path) -> None:
-    fake, driver = await start_pair(tmp_path, SIMPLE_MAP, temperature=-5.5, time_constant_s=1e6)
-    try:
-        assert await driver.read_temperature() == -5.5
-    finally:
-        await driver.close()
-        await fake.stop()
+    async with started(tmp_path, SIMPLE_MAP, temperature=-5.5, time_constant_s=1e6) as pair:
+        _, handle = pair
+        assert (await handle.read_state()).temperature == -5.5
 
 
 async def test_device_refusal_is_a_controller_error(tmp_path: Path) -> None:
     # The map promises 5..35, the device only takes 5..30: exception 3, illegal value.
-    fake, driver = await start_pair(tmp_path, SIMPLE_MAP, limits=Limits(5.0, 30.0, 0.5))
-    try:
+    async with started(tmp_path, SIMPLE_MAP, limits=Limits(5.0, 30.0, 0.5)) as (fake, handle):
         with pytest.raises(ControllerError, match="exception 3"):
-            await driver.write_setpoint(32)
+            await handle.write_setpoint(32)
         assert fake.setpoint == 20.0
-        assert await driver.read_setpoint() == 20.0
-    finally:
-        await driver.close()
-        await fake.stop()
+        assert await on_line(handle, "read_setpoint") == 20.0
 
 
 async def test_wrong_register_is_a_controller_error(tmp_path: Path) -> None:
@@ -240,58 +241,43 @@ async def test_wrong_register_is_a_controller_error(tmp_path: Path) -> None:
     assert fake.link is not None
     wrong = RegisterMap(temperature_register=50)
     try:
-        async with ModbusController(fake.link, wrong, parity="N", **FAST) as driver:
-            assert not driver.available  # the reopen's state read failed
-        async with ModbusController(fake.link, SIMPLE_MAP, parity="N", **FAST) as driver:
-            driver.map = wrong
+        async with one_controller(modbus(fake.link), Unit("t1", 1, wrong)) as handle:
             with pytest.raises(ControllerError, match="exception 2"):
-                await driver.read_temperature()
-            assert driver.available  # it answered
+                await handle.read_state()
+            assert handle.available  # it answered
     finally:
         await fake.stop()
 
 
-async def test_silence_and_bad_crc_are_unavailable_then_recover(
-    pair: tuple[FakeModbusThermostat, ModbusController],
-) -> None:
-    fake, driver = pair
+async def test_silence_and_bad_crc_are_unavailable_then_recover(pair: Pair) -> None:
+    fake, handle = pair
     fake.fault("SILENT", 30)
-    started = time.monotonic()
+    started_at = time.monotonic()
     with pytest.raises(ControllerUnavailable):
-        await driver.read_state()
-    assert time.monotonic() - started < FAST["reply_timeout_s"] + 1.0
-    assert not driver.available
+        await handle.read_state()
+    assert time.monotonic() - started_at < FAST_REPLY_S + 1.0
     fake.fault("CLEAR")
-    assert await driver.read_setpoint() == 20.0
-    assert driver.available
+    assert (await handle.read_state()).setpoint == 20.0
+    assert handle.available
     # A reply with a bad CRC is dropped by the framer: the same as no reply.
     fake.fault("GARBAGE", 1)
     with pytest.raises(ControllerUnavailable):
-        await driver.read_setpoint()
-    assert await driver.read_setpoint() == 20.0
+        await handle.read_state()
+    assert (await handle.read_state()).setpoint == 20.0
 
 
-async def test_unplug_and_replug_reads_state_before_writing(
-    pair: tuple[FakeModbusThermostat, ModbusController],
-) -> None:
-    fake, driver = pair
+async def test_unplug_and_replug(pair: Pair) -> None:
+    fake, handle = pair
     seen: list[bool] = []
-    driver._on_availability = seen.append
+    handle.bus.on_availability = lambda name, available: seen.append(available)
     fake.fault("UNPLUG", 0.3)
     with pytest.raises(ControllerUnavailable):
-        await driver.read_state()
-    assert not driver.available
+        await handle.read_state()
+    assert not handle.available
     with pytest.raises(ControllerUnavailable):
-        await driver.write_setpoint(25)
-    fake.panel_setpoint(23)
+        await handle.write_setpoint(25)
     await fake.wait_for(lambda: fake.plug_count == 1)
-    before = len(fake.accesses)
-    assert await driver.wait_available(5.0)
+    assert await handle.wait_available(5.0)
     assert seen == [False, True]
-    assert driver.last_state is not None and driver.last_state.setpoint == 23.0
-    assert await driver.write_setpoint(25) == 25.0
-    after = fake.accesses[before:]
-    first_write = next(i for i, a in enumerate(after) if a.written is not None)
-    read = {r for a in after[:first_write] for r in range(a.address, a.address + a.count)}
-    assert {driver.map.setpoint_register, driver.map.temperature_register} <= read
+    assert await handle.write_setpoint(25) == 25.0
     assert [w.stored for w in fake.writes] == [25.0]

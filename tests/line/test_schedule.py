@@ -251,6 +251,9 @@ def test_timing_of_a_line() -> None:
     line = LineTiming(9600, bits_per_char(8, "N", 1), turnaround_s=0.0, extra_gap_s=0.01)
     assert line.chars_s(96) == pytest.approx(0.1)
     assert line.transaction_s(16, 48) == pytest.approx(64 * 10 / 9600 + line.silent_s)
+    assert LineTiming(9600, 10, turnaround_s=0.2).transaction_s(16, 48) == pytest.approx(
+        line.transaction_s(16, 48) - 0.01
+    )
     assert cycle_s(line, 32, 16, 48) == pytest.approx(32 * line.transaction_s(16, 48))
     assert line.reply_timeout_s(80) == pytest.approx(2 * 80 * 10 / 9600)
     assert LineTiming(115200, 10, 0.0).reply_timeout_s(10) == 0.05
