@@ -276,6 +276,11 @@ class SerialSettings(BaseModel):
         description="Quiet time added to the silent interval between transactions, for "
         "slow devices.",
     )
+    probe_interval_s: Annotated[float, Field(gt=0)] = Field(
+        default=30.0,
+        description="How soon a device that stopped answering is tried again (then less "
+        "often, up to ten times this); the others are served meanwhile.",
+    )
     lock_dir: Path | None = Field(
         default=Path("/run/lock"),
         description="Where a local port is claimed, so that two lines on this gateway never "

@@ -242,6 +242,8 @@ class Agent:
             make_units(self.settings),
             poll_interval_s=self.settings.serial.poll_interval_s,
             min_write_interval_s=write_intervals(self.settings),
+            probe_initial_s=self.settings.serial.probe_interval_s,
+            probe_max_s=10 * self.settings.serial.probe_interval_s,
             on_reading=self._on_reading,
             on_availability=self._on_availability,
         )

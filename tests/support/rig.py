@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent.controller.fake_device import FakeDevice
+from agent.controller.fake_line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
 from agent.protocol.hlc import Hlc
 from agent.protocol.resp3 import encode_request
@@ -66,13 +67,19 @@ class Rig:
         self.background = BackgroundLoop()
         self.port = free_port()
         self.store = EmbeddedStateStore("127.0.0.1", self.port)
-        self.device = FakeDevice(setpoint=20.0, time_constant_s=30.0)
+        self.device = self._make_device()
         self.background.run(self.store.start())
         self.background.run(self.device.start(tcp_port=0, panel_port=0))
         if served_before:
-            self.background.call(lambda: self._write(RECORD_KEY, RECORD_OF_20))
+            self.background.call(self._seed)
         self.agents: list[AgentProcess] = []
         self._client: PahoStoreClient | None = None
+
+    def _make_device(self) -> Any:
+        return FakeDevice(setpoint=20.0, time_constant_s=30.0)
+
+    def _seed(self) -> None:
+        self._write(RECORD_KEY, RECORD_OF_20)
 
     # ------------------------------------------------------------------ agents
 
@@ -208,7 +215,9 @@ class Rig:
     # ------------------------------------------------------------------ the device
 
     def wait_device(self, predicate: Callable[[FakeDevice], bool], timeout: float = 10) -> None:
-        self.background.run(self.device.wait_for(lambda: predicate(self.device), timeout))
+        self.background.run(
+            self.device.wait_for(lambda: predicate(self.device), timeout), timeout=timeout + 5
+        )
 
     def panel(self, value: float) -> None:
         self.background.call(lambda: self.device.panel_setpoint(value))
@@ -229,3 +238,73 @@ class Rig:
         self.background.run(self.device.stop())
         self.background.run(self.store.stop())
         self.background.close()
+
+
+class LineRig(Rig):
+    """A pair serving a whole line of `units` thermostats on one fake line (TCP, as a serial
+    device server shares it), devices `t01@1` ... `tNN@N` on line `floor3`."""
+
+    LINE = "floor3"
+
+    def __init__(self, tmp_path: Path, units: int, **options: Any) -> None:
+        self.units = units
+        super().__init__(tmp_path, **options)
+
+    def _make_device(self) -> Any:
+        return FakeLine(units=self.units, setpoint=20.0, time_constant_s=30.0)
+
+    def device_id(self, address: int) -> str:
+        return f"t{address:02d}"
+
+    @property
+    def device_ids(self) -> list[str]:
+        return [self.device_id(n) for n in range(1, self.units + 1)]
+
+    def _seed(self) -> None:
+        for device in self.device_ids:
+            self._write(f"{device}\\synced", RECORD_OF_20)
+
+    def env(self, instance: str, **extra: str) -> dict[str, str]:
+        env = super().env(instance)
+        del env["AGENT_DEVICE_ID"]
+        env["AGENT_LINE_ID"] = self.LINE
+        env["AGENT_DEVICES"] = ",".join(
+            f"{self.device_id(n)}@{n}" for n in range(1, self.units + 1)
+        )
+        env.update(extra)
+        return env
+
+    def unit(self, address: int) -> Any:
+        return self.device.unit(address)
+
+    def remote_set_device(self, address: int, value: bytes) -> bytes:
+        """A remote writer fencing with the line's lock."""
+        lock = self.client.request("GET", f"{self.LINE}\\lock")
+        token = lock.prop("__ts")
+        key = f"{self.device_id(address)}\\setPoint"
+        return self.client.request("SET", key, value, ft=token).payload
+
+    def setpoint_in_store(self, address: int) -> bytes | None:
+        return self.store_value(f"{self.device_id(address)}\\setPoint")
+
+    def wait_line(self, predicate: Callable[[Any], bool], timeout: float = 10) -> None:
+        self.background.run(
+            self.device.wait_for(lambda: predicate(self.device), timeout), timeout=timeout + 5
+        )
+
+    def wait_store(self, expected: dict[int, bytes], timeout: float = 10.0) -> None:
+        """Waits until the store holds `expected` (address -> value), on notifications."""
+        for address in expected:
+            self.client.request("KEYNOTIFY", f"{self.device_id(address)}\\setPoint")
+        deadline = time.monotonic() + timeout
+        while True:
+            current = {a: self.setpoint_in_store(a) for a in expected}
+            if current == expected:
+                return
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"the store holds {current}, not {expected}"
+            with contextlib.suppress(queue.Empty):
+                self.client.notifications.get(timeout=remaining)
+
+    def writes(self, address: int) -> list[float]:
+        return self.background.call(lambda: [w.value for w in self.unit(address).writes])
