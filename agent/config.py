@@ -309,6 +309,11 @@ class SerialSettings(BaseModel):
         default=6, description="6 (write single register) or 16 (write multiple)."
     )
 
+    @field_validator("lock_dir", mode="before")
+    @classmethod
+    def _no_lock_dir(cls, value: object) -> object:
+        return None if value == "" else value
+
     @field_validator("modbus_write_function")
     @classmethod
     def _write_function(cls, value: int) -> int:

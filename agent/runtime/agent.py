@@ -21,7 +21,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from agent import logs
 from agent.client.errors import StateStoreError
 from agent.client.lock import renewal_period_s
-from agent.client.session import ConnectionRefused, Session, SessionError
+from agent.client.session import ConnectionRefused, Session, SessionError, TlsSetupFailed
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.config import AgentSettings
 from agent.controller.driver import Driver, PortClaim, PortTaken, is_device_path
@@ -91,7 +91,11 @@ class Agent:
             log.error("invalid setting AGENT_SERIAL__URL (serial.url): %s", exc)
             return EXIT_CONFIG
         self.notifier.status("connecting to the broker")
-        self.session = Session(s.mqtt, client_id=s.client_id)
+        try:
+            self.session = Session(s.mqtt, client_id=s.client_id)
+        except TlsSetupFailed as exc:  # a CA that is not PEM, a wrong key password, ...
+            log.error("invalid setting AGENT_MQTT__TLS (mqtt.tls): %s", exc)
+            return EXIT_CONFIG
         try:
             if not await self._until_stopped(self.session.start(wait=True), stop):
                 await self.session.stop()

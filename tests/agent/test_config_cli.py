@@ -211,3 +211,19 @@ def test_help_lists_flags_with_defaults_and_variables_and_no_secret(tmp_path: Pa
     assert "--mqtt-password" not in text and "--mqtt-tls-key-password" not in text
     assert "AGENT_MQTT__PASSWORD" in text  # named as coming from the environment only
     assert SECRET not in result.stdout + result.stderr
+
+
+def test_a_tls_file_that_cannot_be_used_is_a_setting_error(tmp_path: Path) -> None:
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("this is not a certificate\n")
+    result = run_agent(
+        env={
+            **BASE,
+            "AGENT_MQTT__TLS__CA_FILE": str(not_pem),
+            "AGENT_STATE_DIR": str(tmp_path / "state"),
+            "AGENT_SERIAL__LOCK_DIR": "",
+        }
+    )
+    assert result.returncode == 78, result.stderr
+    assert "AGENT_MQTT__TLS" in result.stderr
+    assert "Traceback" not in result.stderr
