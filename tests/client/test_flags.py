@@ -246,12 +246,15 @@ def agent_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
     files = _files(tmp_path)
     return {
         "--device-id": ("boiler-7", "boiler-7"),
+        "--line-id": ("boiler-room", "boiler-room"),
         "--instance-id": ("b", "b"),
         "--state-dir": (str(tmp_path / "state"), str(tmp_path / "state")),
         "--reconcile-interval-s": ("12.5", 12.5),
         "--log-level": ("DEBUG", "DEBUG"),
         "--keys-setpoint": ("{device}/sp", "{device}/sp"),
-        "--keys-lock": ("{device}/lk", "{device}/lk"),
+        "--keys-lock": ("{line}/lk", "{line}/lk"),
+        "--keys-synced": ("{device}/sy", "{device}/sy"),
+        "--keys-line": ("{device}/ln", "{device}/ln"),
         "--mqtt-host": ("broker.example", "broker.example"),
         "--mqtt-port": ("8883", 8883),
         "--mqtt-client-id": ("edge-9", "edge-9"),
@@ -276,6 +279,9 @@ def agent_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
         "--serial-reply-timeout-s": ("0.75", 0.75),
         "--serial-min-write-interval-s": ("2", 2.0),
         "--serial-poll-interval-s": ("3", 3.0),
+        "--serial-extra-gap-s": ("0.01", 0.01),
+        "--serial-probe-interval-s": ("15", 15.0),
+        "--serial-lock-dir": (str(tmp_path), str(tmp_path)),
         "--serial-modbus-unit-id": ("17", 17),
         "--serial-modbus-setpoint-register": ("40", 40),
         "--serial-modbus-temperature-register": ("41", 41),
@@ -288,7 +294,22 @@ def agent_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
         "--telemetry-interval-s": ("30", 30.0),
         "--telemetry-topic": ("plant/{device}/t", "plant/{device}/t"),
         "--telemetry-jitter-s": ("0.5", 0.5),
+        "--telemetry-line-topic": ("plant/{line}/t", "plant/{line}/t"),
     }
+
+
+def line_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
+    """The devices of a line: each instead of --device-id (they exclude one another)."""
+    devices_file = tmp_path / "devices.json"
+    devices_file.write_text('[{"id": "t1", "address": 1}]')
+    return {
+        "--devices": ("t1@1,t2@2", [_device("t1", 1), _device("t2", 2)]),
+        "--devices-file": (str(devices_file), str(devices_file)),
+    }
+
+
+def _device(name: str, address: int) -> dict[str, Any]:
+    return {"id": name, "address": address, "min_write_interval_s": None, "modbus": None}
 
 
 def agent_setting_flags() -> dict[str, str]:
@@ -302,7 +323,8 @@ def agent_setting_flags() -> dict[str, str]:
 
 
 def test_every_setting_flag_of_agent_has_a_sample(tmp_path: Path) -> None:
-    assert set(agent_setting_flags()) == set(agent_flag_samples(tmp_path))
+    samples = {**agent_flag_samples(tmp_path), **line_flag_samples(tmp_path)}
+    assert set(agent_setting_flags()) == set(samples)
 
 
 @pytest.fixture
@@ -330,6 +352,11 @@ def test_every_setting_flag_of_agent_sets_its_setting(
         for part in paths[flag].split("."):
             node = node[part]
         assert node == expected, flag
+    for flag, (value, expected) in line_flag_samples(tmp_path).items():
+        argv = ["--print-config", "--line-id", "l", "--serial-url", "socket://x:1", flag, value]
+        assert agent_cli.main(argv) == 0, capsys.readouterr().err
+        config = json.loads(capsys.readouterr().out)
+        assert config[paths[flag]] == expected, flag
     # Files given as flags turn TLS on, as the variables do (and as agent store's flags do).
     assert (
         agent_cli.main(
