@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.support import ROOT, debian_python, run, script_env, tool
+from tests.deploy.support import (
+    ROOT,
+    add_stale_build_files,
+    checkout_copy,
+    debian_python,
+    run,
+    script_env,
+    tool,
+)
 
 
 @pytest.fixture(scope="session")
@@ -22,33 +30,6 @@ def agent_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", out, source])
     (wheel,) = out.glob("agent-*.whl")
     return wheel
-
-
-STALE_VERSION = "0.0.1"
-
-
-def checkout_copy(target: Path) -> Path:
-    """A copy of the checkout's tracked parts, as an operator's checkout holds them."""
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        if (ROOT / name).exists():
-            shutil.copy2(ROOT / name, target / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("agent", "deploy", "systemd"):
-        shutil.copytree(ROOT / name, target / name, ignore=ignore)
-    return target
-
-
-def add_stale_build_files(checkout: Path) -> None:
-    """What an earlier `pip install -e .` and build of another version leave in a checkout."""
-    info = checkout / "agent.egg-info"
-    info.mkdir()
-    (info / "PKG-INFO").write_text(
-        f"Metadata-Version: 2.1\nName: agent\nVersion: {STALE_VERSION}\n"
-    )
-    (info / "top_level.txt").write_text("agent\n")
-    stale = checkout / "build" / "lib" / "agent"
-    stale.mkdir(parents=True)
-    (stale / "removed_long_ago.py").write_text("")
 
 
 @pytest.fixture(scope="session")
