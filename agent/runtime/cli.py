@@ -187,7 +187,7 @@ def _print_config(args: argparse.Namespace, settings: AgentSettings) -> int:
     (``/etc/credstore/agent.<device>.mqtt-password``, ...) are read as the service reads
     them, so that the check sees what the service will see.
     """
-    stored = {}
+    stored: dict[str, Path] = {}
     if not os.environ.get("CREDENTIALS_DIRECTORY"):
         stored = _stored_credentials(settings.device_id)
     with _credentials_directory(stored) as reloaded:

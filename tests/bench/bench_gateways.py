@@ -24,12 +24,12 @@ import statistics
 import sys
 import time
 
-from tests.deploy.gateways import (
+from tests.deploy.gateways import requirements
+from tests.deploy.pair import (
     HANDOVER_BOUND_S,
     TTL_S,
     PairSite,
     gaps_without_active,
-    requirements,
 )
 
 

@@ -19,7 +19,8 @@ from subprocess import CompletedProcess
 
 import pytest
 
-from tests.deploy.gateways import (
+from tests.deploy.gateways import requirements
+from tests.deploy.pair import (
     DEVICE,
     HANDOVER_BOUND_S,
     LOCK_KEY,
@@ -32,7 +33,6 @@ from tests.deploy.gateways import (
     gaps_without_active,
     holder_changes,
     lock_watch,
-    requirements,
     store_set,
 )
 
@@ -279,7 +279,7 @@ def test_the_watchdog_restarts_a_hung_agent_while_the_standby_takes_over(
         mark = site.watch.mark()
         stopped_at = time.monotonic()
         gateway.run("kill", "-STOP", str(gateway.main_pid(UNIT)))
-        taken = site.watch.wait_for(
+        taken = site.watch.wait_event(
             lambda e: e.kind == "SET" and e.holder == rescuer, after=mark, timeout=15
         )
         assert taken.at - stopped_at <= TTL_S + HANDOVER_BOUND_S
