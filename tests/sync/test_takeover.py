@@ -7,7 +7,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agent.controller.interface import Limits
@@ -152,10 +152,15 @@ def outcome(decision: Decision, controller: float) -> float:
     return controller
 
 
+@settings(max_examples=1000, deadline=None)
 @given(st.lists(step, max_size=12), st.lists(step.filter(lambda s: s[0] != "active"), max_size=4))
 def test_no_change_is_lost_across_a_failover(
     before: list[tuple[str, float]], during: list[tuple[str, float]]
 ) -> None:
+    # Each panel change to a value of its own: a knob turned back to exactly a value that
+    # was synced before cannot be told from a write the controller never got (documented).
+    panel_values = [value for kind, value in before + during if kind == "panel"]
+    assume(len(panel_values) == len(set(panel_values)))
     world = World()
     alive = True
     for kind, value in before:
