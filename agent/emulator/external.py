@@ -24,12 +24,16 @@ log = logging.getLogger(__name__)
 
 BROKER_LOG_TOPIC = "$SYS/broker/log/N"
 
-# mosquitto 2.x notice lines that end a client's connection.
+# mosquitto 2.x notice lines that end a client's connection. A new connection with a client
+# id ends any earlier one with it too: that is how an MQTT 5 session takeover shows (mosquitto
+# 2.0 logs "already connected" for MQTT 3 clients only), and it comes before the new
+# connection's first request.
 _GONE = re.compile(
     r"^(?:\d+: )?(?:"
     r"Client (?P<a>\S+) (?:disconnected|closed its connection|has exceeded timeout)"
     r"|Socket error on client (?P<b>\S+), disconnecting"
     r"|Client (?P<c>\S+) already connected, closing old connection"
+    r"|New client connected from \S+ as (?P<d>\S+) \("
     r")"
 )
 
@@ -39,7 +43,7 @@ def client_gone_from_log_line(line: str) -> str | None:
     match = _GONE.match(line.strip())
     if match is None:
         return None
-    client_id = match.group("a") or match.group("b") or match.group("c")
+    client_id = match.group("a") or match.group("b") or match.group("c") or match.group("d")
     # mosquitto ends some of these ids with the sentence's comma or period.
     return client_id.rstrip(".,") if client_id else None
 

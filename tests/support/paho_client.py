@@ -119,8 +119,10 @@ class PahoStoreClient:
         correlation: bytes | None = None,
         payload: bytes | None = None,
         extra_properties: list[tuple[str, str]] | None = None,
+        acknowledged: bool = True,
     ) -> queue.Queue[Received]:
-        """Publishes a request; returns the queue its response will arrive on."""
+        """Publishes a request; returns the queue its response will arrive on. Waits for
+        the PUBACK unless `acknowledged` is false (a request the broker answers otherwise)."""
         correlation = os.urandom(16) if correlation is None else correlation
         properties = Properties(PacketTypes.PUBLISH)
         if response_topic is not None:
@@ -142,8 +144,10 @@ class PahoStoreClient:
         if payload is None:
             payload = encode_request([a.encode() if isinstance(a, str) else a for a in args])
         info = self.client.publish(topics.INVOKE_TOPIC, payload, qos=qos, properties=properties)
-        if qos:
+        if qos and acknowledged:
             info.wait_for_publish(TIMEOUT)
+            # wait_for_publish() returns quietly on a timeout: say so instead.
+            assert info.is_published(), f"no PUBACK within {TIMEOUT} s"
         return waiter
 
     def request(self, *args: bytes | str, **kwargs: object) -> Received:
