@@ -217,10 +217,14 @@ class LineDriver(Driver):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ControllerUnavailable(f"no reply to {what!r} within {self.reply_timeout_s} s")
+            # The first byte with a timeout, then whatever else has come without waiting: a
+            # byte at a time (in_waiting says 1 on socket://) costs a system call each.
             port.timeout = remaining
-            chunk = port.read(max(1, port.in_waiting))
+            chunk = port.read(1)
             if not chunk:
                 continue
+            port.timeout = 0
+            chunk += port.read(4 * lp.MAX_LINE)
             self.stats.bytes_received += len(chunk)
             for line in self._splitter.feed(chunk):
                 if line is None:

@@ -7,6 +7,8 @@ fake device are thin wrappers around this module.
 
 from __future__ import annotations
 
+import functools
+import operator
 import re
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ TERMINATOR = b"\r\n"
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _CHECKSUMMED = re.compile(rb"(.*)\*([0-9A-Fa-f]{2})")
 _PRINTABLE = frozenset(range(0x20, 0x7F))
+_ALL_PRINTABLE = re.compile(rb"[\x20-\x7e]*")
 
 
 class ProtocolError(ValueError):
@@ -47,10 +50,7 @@ class RequestError(ProtocolError):
 
 def checksum(data: bytes) -> int:
     """XOR of all bytes, as in NMEA 0183."""
-    result = 0
-    for byte in data:
-        result ^= byte
-    return result
+    return functools.reduce(operator.xor, data, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ class Frame:
 def encode_line(payload: str, *, with_checksum: bool = True) -> bytes:
     """The bytes on the wire for `payload`: `payload*HH\\r\\n` (or without `*HH`)."""
     data = payload.encode("ascii")
-    if any(byte not in _PRINTABLE for byte in data) or b"*" in data:
+    if not _ALL_PRINTABLE.fullmatch(data) or b"*" in data:
         raise FramingError(f"payload must be printable ASCII without '*': {payload!r}")
     if with_checksum:
         data += b"*%02X" % checksum(data)
@@ -79,7 +79,7 @@ def decode_line(line: bytes, *, require_checksum: bool) -> Frame:
     content = line.rstrip(b"\r\n")
     if len(content) + len(TERMINATOR) > MAX_LINE:
         raise FramingError(f"line of {len(content)} bytes is too long")
-    if any(byte not in _PRINTABLE for byte in content):
+    if not _ALL_PRINTABLE.fullmatch(content):
         raise FramingError(f"line is not printable ASCII: {content!r}")
     match = _CHECKSUMMED.fullmatch(content)
     if match is None:

@@ -1,10 +1,12 @@
 """The bus: one driver on one port, one transaction at a time, in the schedule's order.
 
-The driver's calls block, so they run on a worker thread of the bus's own; the event loop
-only waits for them, each bounded in time. Between two transactions the line stays quiet
-for its silent interval. A port that fails is closed and reopened with backoff while every
-unit on it is reported unavailable; a unit that stops answering is quarantined by the
-schedule, and the port stays open for the others.
+The driver's calls block, so the line is driven from a thread of its own: it asks the
+schedule for the next transaction, carries it out, keeps the line quiet for its silent
+interval, and tells the event loop only what the loop needs to know (an urgent request's
+answer, a reading that differs, a unit that left or came back). A routine poll that finds
+nothing new costs the event loop nothing. A port that fails is closed and reopened with
+backoff while every unit on it is reported unavailable; a unit that stops answering is
+quarantined by the schedule, and the port stays open for the others.
 
 Urgent work comes through `DeviceHandle` (one per unit, the API the sync uses); routine
 polls are the bus's own, and their readings go to `on_reading`.
@@ -17,9 +19,10 @@ import contextlib
 import dataclasses
 import logging
 import math
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +47,7 @@ DEFAULT_BACKOFF_INITIAL_S = 1.0
 DEFAULT_BACKOFF_MAX_S = 30.0
 
 ReadingHandler = Callable[[str, ControllerState], None]
+ReadingFilter = Callable[[str, ControllerState], bool]
 AvailabilityHandler = Callable[[str, bool], None]
 
 
@@ -76,9 +80,12 @@ class Bus:
         backoff_initial_s: float = DEFAULT_BACKOFF_INITIAL_S,
         backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
         on_reading: ReadingHandler | None = None,
+        reading_wanted: ReadingFilter | None = None,
         on_availability: AvailabilityHandler | None = None,
         **schedule_options: Any,
     ) -> None:
+        """`reading_wanted(name, state)` is asked on the bus's thread for every routine
+        reading: only those it wants are handed to `on_reading` (on the event loop)."""
         if not units:
             raise ValueError("a bus needs at least one unit")
         if not 0 < backoff_initial_s <= backoff_max_s:
@@ -97,16 +104,21 @@ class Bus:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.on_reading = on_reading
+        self.reading_wanted = reading_wanted
         self.on_availability = on_availability
         self.handles = {name: DeviceHandle(self, unit) for name, unit in self.units.items()}
         self.reopen_count = 0
         """How often the port was reopened after it was lost."""
-        self._executor: ThreadPoolExecutor | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._wakeup = asyncio.Event()
+        # Shared between the event loop and the bus's thread: the schedule and the waiters.
+        self._mutex = threading.Lock()
         self._waiters: dict[int, _Waiter] = {}
+        self._side_calls: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
+        self._work = threading.Event()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._line_up = False
-        self._closing = False
+        self._opened = asyncio.Event()  # the first open attempt is over
         self._line_event = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
@@ -121,39 +133,29 @@ class Bus:
     async def open(self) -> None:
         """Open the port and start driving the line. A port that cannot be opened is
         retried in the background (every unit unavailable meanwhile); never raises for it."""
-        if self._task is not None:
+        if self._thread is not None:
             return
-        self._closing = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bus")
-        try:
-            await self._call(self.driver.open)
-        except (LinkLost, ControllerFault) as exc:
-            log.warning("%s: line unavailable at start: %s", self.driver.url, exc)
-            self._set_all_available(False)
-        else:
-            self._line_up = True
-            self._line_event.set()
-            log.info("%s: line opened", self.driver.url)
-        self._task = asyncio.create_task(self._drive(), name=f"bus {self.driver.url}")
+        self._loop = asyncio.get_running_loop()
+        self._closing.clear()
+        self._thread = threading.Thread(
+            target=self._drive, name=f"bus {self.driver.url}", daemon=True
+        )
+        self._thread.start()
+        await self._opened.wait()
 
     async def close(self) -> None:
-        if self._task is None:
+        thread = self._thread
+        if thread is None:
             return
-        self._closing = True
-        self._wakeup.set()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
-        self._fail_all(ControllerUnavailable(f"{self.driver.url}: the line was closed"))
-        with contextlib.suppress(Exception):
-            await self._call(self.driver.close)
+        self._closing.set()
+        self._work.set()
+        # The thread ends after the transaction in progress (each is bounded by the
+        # driver's timeouts), then closes the port.
+        await asyncio.to_thread(thread.join, self.driver.worst_case_call_s + 5)
+        self._thread = None
         self._line_up = False
-        if self._executor is not None:
-            # A call stuck in the worker must not hold up the loop; the thread ends when
-            # that call returns.
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        self._line_event.clear()
+        self._fail_all(ControllerUnavailable(f"{self.driver.url}: the line was closed"))
 
     async def __aenter__(self) -> Bus:
         await self.open()
@@ -171,117 +173,162 @@ class Bus:
     # ------------------------------------------------------------------ urgent work
 
     async def run(self, op: Op, allowed: Callable[[], bool] | None = None) -> Any:
-        """Put `op` on the line ahead of the routine polls and return its result."""
-        if self._task is None:
+        """Put `op` on the line ahead of the routine polls and return its result.
+
+        `allowed`, for a write, is asked on the bus's thread right before the bytes go
+        out; it must only read state (it runs off the event loop)."""
+        if self._thread is None or self._closing.is_set():
             raise ControllerUnavailable(f"{self.driver.url}: the line is not open")
         if not self._line_up:
             raise ControllerUnavailable(f"{self.driver.url}: the line is down, reopening")
-        try:
-            superseded = self.schedule.submit(op)
-        except Refused as exc:
-            raise ControllerUnavailable(str(exc)) from None
-        if superseded is not None:
-            self._fail(superseded, Superseded(f"{op.device}: a newer write took its place"))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiters[op.number] = _Waiter(future, allowed)
-        self._wakeup.set()
+        with self._mutex:
+            try:
+                superseded = self.schedule.submit(op)
+            except Refused as exc:
+                raise ControllerUnavailable(str(exc)) from None
+            self._waiters[op.number] = _Waiter(future, allowed)
+            replaced = self._waiters.pop(superseded.number, None) if superseded else None
+        if replaced is not None and not replaced.future.done():
+            replaced.future.set_exception(Superseded(f"{op.device}: a newer write took its place"))
+        self._work.set()
         try:
             return await future
         finally:
-            if self._waiters.pop(op.number, None) is not None:
-                self.schedule.withdraw(op)  # cancelled before it went out
+            with self._mutex:
+                if self._waiters.pop(op.number, None) is not None:
+                    self.schedule.withdraw(op)  # cancelled before it went out
 
-    # ------------------------------------------------------------------ the loop
+    async def call_on_line(self, call: Callable[[], Any]) -> Any:
+        """A driver call of the caller's own, between two transactions (for tests and
+        tools: the identity, a raw read)."""
+        if self._thread is None:
+            raise ControllerUnavailable(f"{self.driver.url}: the line is not open")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        with self._mutex:
+            self._side_calls.append((call, future))
+        self._work.set()
+        return await future
 
-    async def _drive(self) -> None:
-        # Checked as well as cancelled: a cancellation can be lost in a call that completes
-        # at the same moment, and the bus must stop all the same.
-        while not self._closing:
-            if not self._line_up:
-                await self._reopen()
-                continue
-            item = self.schedule.next(time.monotonic())
-            if isinstance(item, float):
-                await self._idle_until(item)
-                continue
-            await self._transact(item)
-            # The line stays quiet for the silent interval before the next frame.
-            await asyncio.sleep(self.driver.timing.silent_s)
+    # ------------------------------------------------------------------ the bus's thread
 
-    async def _idle_until(self, when: float) -> None:
-        self._wakeup.clear()
+    def _drive(self) -> None:
+        try:
+            self._open_once()
+            while not self._closing.is_set():
+                if not self._line_up:
+                    self._reopen()
+                    continue
+                if self._side_calls:
+                    self._side_call()
+                    continue
+                with self._mutex:
+                    item = self.schedule.next(time.monotonic())
+                if isinstance(item, float):
+                    self._idle_until(item)
+                    continue
+                self._transact(item)
+                # The line stays quiet for the silent interval before the next frame.
+                time.sleep(self.driver.timing.silent_s)
+        except Exception:
+            log.exception("%s: the bus stopped", self.driver.url)
+        finally:
+            with contextlib.suppress(Exception):
+                self.driver.close()
+            self._post(self._opened.set)
+
+    def _open_once(self) -> None:
+        try:
+            self.driver.open()
+        except (LinkLost, ControllerFault) as exc:
+            log.warning("%s: line unavailable at start: %s", self.driver.url, exc)
+            self._post(self._set_all_available, False)
+        else:
+            self._line_up = True
+            self._post(self._line_event.set)
+            log.info("%s: line opened", self.driver.url)
+        finally:
+            self._post(self._opened.set)
+
+    def _idle_until(self, when: float) -> None:
         timeout = when - time.monotonic()
         if math.isinf(timeout):
             timeout = 3600.0
         if timeout > 0:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await self._wakeup.wait()
+            self._work.wait(timeout)
+        self._work.clear()
 
-    async def _transact(self, op: Op) -> None:
-        waiter = self._waiters.get(op.number)
+    def _side_call(self) -> None:
+        with self._mutex:
+            call, future = self._side_calls.popleft()
+        try:
+            result = call()
+        except BaseException as exc:  # handed to the caller as it is
+            self._post(_settle, future, None, exc)
+        else:
+            self._post(_settle, future, result, None)
+        time.sleep(self.driver.timing.silent_s)
+
+    def _transact(self, op: Op) -> None:
+        with self._mutex:
+            waiter = self._waiters.get(op.number)
         if waiter is not None and waiter.future.done():
             return  # its caller gave up
-        unit = self.units[op.device]
         allowed = waiter.allowed if waiter is not None else None
         if op.kind is Kind.WRITE and allowed is not None and not allowed():
-            self._fail(op, WriteNotAllowed(f"{op.device}: write of {op.value} withdrawn"))
+            self._answer(op, error=WriteNotAllowed(f"{op.device}: write of {op.value} withdrawn"))
             return
+        unit = self.units[op.device]
         try:
-            result = await self._call(self._blocking_call(op, unit))
+            result = self._blocking_call(op, unit)
         except LinkLost as exc:
-            self.schedule.finished(op, Outcome.LINE_DOWN, time.monotonic())
-            self._fail(op, ControllerUnavailable(f"{op.device}: {exc}"))
-            await self._lose_line(exc)
+            with self._mutex:
+                self.schedule.finished(op, Outcome.LINE_DOWN, time.monotonic())
+            self._answer(op, error=ControllerUnavailable(f"{op.device}: {exc}"))
+            self._lose_line(exc)
             return
         except ControllerUnavailable as exc:
             self._settle(op, Outcome.TIMEOUT)
-            self._fail(op, exc)
-            if op.kind is Kind.PROBE:
-                log.debug("%s: still not answering", op.device)
+            self._answer(op, error=exc)
             return
         except ControllerError as exc:
             self._settle(op, Outcome.ERROR)
-            self._fail(op, exc)
+            self._answer(op, error=exc)
             return
         except Exception as exc:
             # A driver bug or an undocumented library exception: the unit's fault as far
-            # as the caller can tell, never a crash of the bus.
+            # as the caller can tell, never the end of the bus.
             log.exception("%s: unexpected error on %s", op.device, op.kind.value)
             self._settle(op, Outcome.ERROR)
-            self._fail(op, ControllerError(f"{op.device}: unexpected error: {exc!r}"))
+            self._answer(op, error=ControllerError(f"{op.device}: unexpected error: {exc!r}"))
             return
         self._settle(op, Outcome.OK)
-        handle = self.handles[op.device]
-        handle.note_result(op, result)
-        if op.kind in (Kind.POLL, Kind.PROBE) and self.on_reading is not None:
-            try:
-                self.on_reading(op.device, result)
-            except Exception:
-                log.exception("%s: reading handler failed", op.device)
-        waiter = self._waiters.pop(op.number, None)
-        if waiter is not None and not waiter.future.done():
-            waiter.future.set_result(result)
+        self.handles[op.device].note_result(op, result)
+        if op.kind in (Kind.POLL, Kind.PROBE):
+            wanted = self.reading_wanted is None or self.reading_wanted(op.device, result)
+            if wanted and self.on_reading is not None:
+                self._post(self._deliver_reading, op.device, result)
+        self._answer(op, result=result)
 
-    def _blocking_call(self, op: Op, unit: Unit) -> Callable[[], Any]:
-        driver = self.driver
+    def _blocking_call(self, op: Op, unit: Unit) -> Any:
         if op.kind is Kind.LIMITS:
-            return lambda: driver.read_limits(unit)
+            return self.driver.read_limits(unit)
         if op.kind is Kind.WRITE:
             assert op.value is not None
-            value = op.value
-            return lambda: driver.write_setpoint(unit, value)
-        return lambda: driver.read_state(unit)
+            return self.driver.write_setpoint(unit, op.value)
+        return self.driver.read_state(unit)
 
     def _settle(self, op: Op, outcome: Outcome) -> None:
-        verdict = self.schedule.finished(op, outcome, time.monotonic())
+        with self._mutex:
+            verdict = self.schedule.finished(op, outcome, time.monotonic())
         for refused in verdict.refused:
-            self._fail(refused, ControllerUnavailable(f"{refused.device} stopped answering"))
+            self._answer(
+                refused, error=ControllerUnavailable(f"{refused.device} stopped answering")
+            )
         if verdict.change is not None:
             self._report(verdict.change)
 
     def _report(self, change: Change) -> None:
-        handle = self.handles[change.device]
         if change.available:
             log.info("%s: answers again", change.device)
         else:
@@ -290,74 +337,85 @@ class Bus:
                 change.device,
                 self.schedule.probe_initial_s,
             )
-        handle.set_available(change.available)
+        self._post(self.handles[change.device].set_available, change.available)
 
-    # ------------------------------------------------------------------ the port
-
-    async def _call(self, function: Callable[[], Any]) -> Any:
-        """A blocking call on the worker thread, bounded by the driver's worst case."""
-        if self._executor is None:
-            raise ControllerUnavailable(f"{self.driver.url}: the line is closed")
-        loop = asyncio.get_running_loop()
-        try:
-            future = loop.run_in_executor(self._executor, function)
-        except RuntimeError as exc:  # the executor was shut down by close()
-            raise ControllerUnavailable(f"{self.driver.url}: the line is closed") from exc
-        try:
-            async with asyncio.timeout(self.driver.worst_case_call_s):
-                return await future
-        except TimeoutError as exc:
-            # The worker is stuck in a call that should have timed out by itself.
-            bound = self.driver.worst_case_call_s
-            raise LinkLost(f"port call did not return in {bound} s") from exc
-
-    async def _lose_line(self, exc: BaseException) -> None:
+    def _lose_line(self, exc: BaseException) -> None:
         if not self._line_up:
             return
         self._line_up = False
-        self._line_event.clear()
+        self._post(self._line_event.clear)
         log.warning("%s: line lost, reopening: %s", self.driver.url, exc)
-        self._fail_all(ControllerUnavailable(f"{self.driver.url}: the line is down"))
-        self._set_all_available(False)
+        self._post(self._fail_all, ControllerUnavailable(f"{self.driver.url}: the line is down"))
+        self._post(self._set_all_available, False)
         with contextlib.suppress(Exception):
-            await self._call(self.driver.close)
+            self.driver.close()
 
-    async def _reopen(self) -> None:
+    def _reopen(self) -> None:
         delays = backoff_delays(self.backoff_initial_s, self.backoff_max_s)
         attempts = 0
-        while not self._line_up and not self._closing:
-            await asyncio.sleep(next(delays))
+        while not self._line_up:
+            if self._closing.wait(next(delays)):
+                return
             attempts += 1
             try:
-                await self._call(self.driver.open)
+                self.driver.open()
             except (LinkLost, ControllerFault) as exc:
                 log.debug("%s: reopen attempt %d failed: %s", self.driver.url, attempts, exc)
                 continue
             self.reopen_count += 1
+            with self._mutex:
+                self.schedule.rejoin_all(time.monotonic())
             self._line_up = True
-            self._line_event.set()
             log.info("%s: line reopened after %d attempt(s)", self.driver.url, attempts)
-            self.schedule.rejoin_all(time.monotonic())
-            self._set_all_available(True)
+            self._post(self._line_event.set)
+            self._post(self._set_all_available, True)
+
+    # ------------------------------------------------------------------ to the event loop
+
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(callback, *args)
+
+    def _answer(self, op: Op, *, result: Any = None, error: BaseException | None = None) -> None:
+        with self._mutex:
+            waiter = self._waiters.pop(op.number, None)
+        if waiter is not None:
+            self._post(_settle, waiter.future, result, error)
+
+    def _deliver_reading(self, name: str, state: ControllerState) -> None:
+        if self.on_reading is None:
+            return
+        try:
+            self.on_reading(name, state)
+        except Exception:
+            log.exception("%s: reading handler failed", name)
 
     def _set_all_available(self, available: bool) -> None:
         for handle in self.handles.values():
             handle.set_available(available)
 
-    # ------------------------------------------------------------------ waiters
-
-    def _fail(self, op: Op, exc: BaseException) -> None:
-        waiter = self._waiters.pop(op.number, None)
-        if waiter is not None and not waiter.future.done():
-            waiter.future.set_exception(exc)
-
     def _fail_all(self, exc: BaseException) -> None:
-        for op in self.schedule.pending():
-            self.schedule.withdraw(op)
-        waiters, self._waiters = self._waiters, {}
+        with self._mutex:
+            for op in self.schedule.pending():
+                self.schedule.withdraw(op)
+            waiters, self._waiters = self._waiters, {}
+            side_calls, self._side_calls = self._side_calls, deque()
         for waiter in waiters.values():
-            if not waiter.future.done():
-                waiter.future.set_exception(exc)
+            _settle(waiter.future, None, exc)
+        for _, future in side_calls:
+            _settle(future, None, exc)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 class DeviceHandle(Controller):
@@ -388,6 +446,7 @@ class DeviceHandle(Controller):
         return self._state
 
     def set_available(self, available: bool) -> None:
+        """On the event loop: the unit left or rejoined (or the whole line did)."""
         if available == self._available:
             return
         self._available = available
@@ -403,6 +462,7 @@ class DeviceHandle(Controller):
                 log.exception("%s: availability handler failed", self.name)
 
     def note_result(self, op: Op, result: Any) -> None:
+        """On the bus's thread: what a transaction read (single assignments)."""
         if op.kind is Kind.LIMITS:
             self._limits = result
         elif op.kind is Kind.WRITE:

@@ -32,6 +32,7 @@ from agent.runtime import telemetry
 from agent.runtime.clock_guard import ClockStepDetector
 from agent.runtime.line import make_driver, make_units, warn_about, write_intervals
 from agent.runtime.notify import Notifier
+from agent.sync.decisions import same
 from agent.sync.device import DeviceKeys, DeviceSync
 from agent.sync.state_file import StateFile
 
@@ -254,6 +255,7 @@ class Agent:
             probe_initial_s=self.settings.serial.probe_interval_s,
             probe_max_s=10 * self.settings.serial.probe_interval_s,
             on_reading=self._on_reading,
+            reading_wanted=self._reading_wanted,
             on_availability=self._on_availability,
         )
         await self.bus.open()
@@ -280,6 +282,11 @@ class Agent:
         bus, self.bus = self.bus, None
         if bus is not None:
             await bus.close()
+
+    def _reading_wanted(self, device_id: str, state: ControllerState) -> bool:
+        """On the bus's thread: a routine reading is news only if it differs from what
+        was last synced (most do not, and cost the event loop nothing)."""
+        return not same(state.setpoint, self.devices[device_id].status.synced.value)
 
     def _on_reading(self, device_id: str, state: ControllerState) -> None:
         self.devices[device_id].polled(state)

@@ -148,7 +148,7 @@ def modbus(link: str) -> ModbusDriver:
 def on_line(handle: DeviceHandle, call: str) -> object:
     """A driver call of the tests' own (read_setpoint), through the bus's thread."""
     driver = handle.bus.driver
-    return handle.bus._call(lambda: getattr(driver, call)(handle.unit))
+    return handle.bus.call_on_line(lambda: getattr(driver, call)(handle.unit))
 
 
 @contextlib.asynccontextmanager

@@ -60,7 +60,7 @@ async def on_line(handle: DeviceHandle, call: Callable[[LineDriver], T]) -> T:
     """A driver call of the tests' own (identify, read_setpoint) through the bus's thread."""
     driver = handle.bus.driver
     assert isinstance(driver, LineDriver)
-    result: T = await handle.bus._call(lambda: call(driver))
+    result: T = await handle.bus.call_on_line(lambda: call(driver))
     return result
 
 
@@ -578,6 +578,7 @@ async def test_socket_unplug_and_replug(device: FakeDevice) -> None:
     async with open_bus(device.tcp_url) as bus:
         handle = bus.device("t1")
         device.fault("UNPLUG", 0.3)
+        await device.wait_for(lambda: device._tcp is None)  # its connections are closed
         with pytest.raises(ControllerUnavailable):
             await handle.read_state()
         assert not handle.available
