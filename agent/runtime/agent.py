@@ -5,6 +5,7 @@ standby never opens the port; it follows the store, ready to take over."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -19,7 +20,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from agent import logs
-from agent.client.errors import StateStoreError
+from agent.client.errors import NotAuthorized, StateStoreError
 from agent.client.lock import renewal_period_s
 from agent.client.session import ConnectionRefused, Session, SessionError, TlsSetupFailed
 from agent.client.statestore import KeyChange, StateStoreClient
@@ -140,6 +141,10 @@ class Agent:
         try:
             if not await self._until_stopped(self._subscribe(), stop):
                 return await self._shutdown()
+            if not self.devices:
+                log.error("no device of line %s can be served: nothing to do", self.line.id)
+                await self._shutdown()
+                return EXIT_CONFIG
             self.leadership.standing_by()
             # Renewals run from before the first acquisition: a slow takeover (waiting for
             # the previous lease, opening the line, reconciling) must not outlast the lease.
@@ -193,24 +198,66 @@ class Agent:
                 # The lock before the records: see Leadership.store_kept_its_contents.
                 holder = await self.leadership.watch()
                 any_record = False
-                for device_id, sync in self.devices.items():
-                    value, version = await self.client.observe(
-                        sync.keys.setpoint, functools.partial(self._on_setpoint, device_id)
-                    )
-                    sync.follow_setpoint(value, version)
-                    record, _ = await self.client.observe(
-                        sync.keys.record, functools.partial(self._on_record, device_id)
-                    )
-                    await sync.follow_record(record)
+                for device_id, sync in list(self.devices.items()):
+                    record = await self._watch_device(device_id, sync)
                     any_record = any_record or record is not None
                 if holder is None and any_record:
                     self.leadership.store_kept_its_contents()
                 break
+            except NotAuthorized as exc:
+                log.error(
+                    "the store refuses to let this agent use the lock %s (not authorized by "
+                    "the broker's rules): nothing can be served; retrying (%s)",
+                    self.settings.lock_key,
+                    exc,
+                )
+                await asyncio.sleep(random.uniform(0, delay))
+                delay = min(delay * 2, self.settings.mqtt.reconnect_max_s)
             except (StateStoreError, SessionError) as exc:
                 log.warning("state store not answering yet: %s", exc)
                 await asyncio.sleep(random.uniform(0, delay))
                 delay = min(delay * 2, self.settings.mqtt.reconnect_max_s)
         self.session.on_connect(self._on_reconnect)
+
+    async def _watch_device(self, device_id: str, sync: DeviceSync) -> bytes | None:
+        """Watches a device's set point and sync record; returns the record. A device whose
+        set point the broker's rules do not let this agent read is left out (said once);
+        the others are served."""
+        assert self.client is not None
+        try:
+            value, version = await self.client.observe(
+                sync.keys.setpoint, functools.partial(self._on_setpoint, device_id)
+            )
+        except NotAuthorized:
+            with contextlib.suppress(StateStoreError, SessionError):
+                await self.client.unobserve(sync.keys.setpoint)
+            del self.devices[device_id]
+            log.error(
+                "device %s is not served: the store refuses to let this agent read %s (not "
+                "authorized by the broker's rules)",
+                device_id,
+                sync.keys.setpoint,
+                extra={"device": device_id},
+            )
+            return None
+        sync.follow_setpoint(value, version)
+        try:
+            record, _ = await self.client.observe(
+                sync.keys.record, functools.partial(self._on_record, device_id)
+            )
+        except NotAuthorized:
+            with contextlib.suppress(StateStoreError, SessionError):
+                await self.client.unobserve(sync.keys.record)
+            sync.status.counters.not_authorized += 1
+            log.error(
+                "the store refuses to let this agent read %s (not authorized by the broker's "
+                "rules): a takeover knows less of what the former active synced",
+                sync.keys.record,
+                extra={"device": device_id},
+            )
+            return None
+        await sync.follow_record(record)
+        return record
 
     async def _shutdown(self) -> int:
         """SIGTERM: stop writing, release the lock so the standby takes over, exit 0."""
@@ -249,7 +296,7 @@ class Agent:
         warn_about(self.settings, driver)
         self.bus = Bus(
             driver,
-            make_units(self.settings),
+            [unit for unit in make_units(self.settings) if unit.name in self.devices],
             poll_interval_s=self.settings.serial.poll_interval_s,
             min_write_interval_s=write_intervals(self.settings),
             probe_initial_s=self.settings.serial.probe_interval_s,
@@ -438,6 +485,7 @@ class Agent:
                 "controller_errors": counters.controller_errors,
                 "store_errors": counters.store_errors,
                 "fenced_writes_rejected": counters.fenced_writes_rejected,
+                "not_authorized": counters.not_authorized,
                 "lock_losses": self.leadership.losses if self.leadership is not None else 0,
             },
         )

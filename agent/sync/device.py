@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agent.client.errors import FencingTokenLowerVersion, StateStoreError
+from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
 from agent.client.session import SessionError
 from agent.client.statestore import KeyChange, StateStoreClient
@@ -51,6 +51,12 @@ from agent.sync.record import InvalidRecord, encode_record, parse_record
 from agent.sync.state_file import StateFile
 
 SEEN_WHILE_STANDBY = 64
+_WHAT_A_REFUSAL_COSTS = {
+    "write": "changes made at the controller are not published",
+    "read": "the device is not kept in sync",
+    "write the sync record to": "a takeover knows less of what this instance synced",
+    "write the line's name to": "remote writers cannot find the device's line",
+}
 """Set point values kept while standby, newest last (see `decisions.takeover_base`)."""
 
 
@@ -60,6 +66,7 @@ class SyncCounters:
     controller_errors: int = 0
     store_errors: int = 0
     fenced_writes_rejected: int = 0
+    not_authorized: int = 0
 
 
 @dataclass
@@ -110,6 +117,7 @@ class DeviceSync:
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._last_write_at = float("-inf")
+        self._refused: set[str] = set()  # keys the broker's rules refuse us, said once
 
     # ------------------------------------------------------------------ the mailbox
 
@@ -201,8 +209,7 @@ class DeviceSync:
                 store_raw, store_version = await self.client.get(self.keys.setpoint)
                 line, _ = await self.client.get(self.keys.line)
             except (StateStoreError, SessionError) as exc:
-                self.status.counters.store_errors += 1
-                self.log.warning("takeover: cannot read the store (%s); reconciling later", exc)
+                self._store_failed(exc, self.keys.setpoint, "read")
                 self.reconcile_soon()
                 return
             if line != self.keys.line_id.encode():
@@ -269,8 +276,7 @@ class DeviceSync:
             try:
                 raw, version = await self.client.get(self.keys.setpoint)
             except (StateStoreError, SessionError) as exc:
-                self.status.counters.store_errors += 1
-                self.log.warning("reconcile: cannot read %s: %s", self.keys.setpoint, exc)
+                self._store_failed(exc, self.keys.setpoint, "read")
                 return
             await self._run_locked(
                 "reconcile",
@@ -374,9 +380,9 @@ class DeviceSync:
         except LockNotHeld:
             return
         except (StateStoreError, SessionError) as exc:
-            self.status.counters.store_errors += 1
-            self.log.warning("could not write set point %s to the store: %s", value, exc)
+            self._store_failed(exc, self.keys.setpoint, "write")
             return
+        self._store_allowed(self.keys.setpoint)
         self.log.info(
             "published set point %s to the store (%s, version %s)", value, reason, result.version
         )
@@ -389,8 +395,30 @@ class DeviceSync:
         except LockNotHeld:
             pass
         except (StateStoreError, SessionError) as exc:
-            self.status.counters.store_errors += 1
-            self.log.warning("could not write %s: %s", self.keys.line, exc)
+            self._store_failed(exc, self.keys.line, "write the line's name to")
+
+    def _store_failed(self, exc: Exception, key: str, doing: str) -> None:
+        """Counts a store error; a refusal by the broker's rules is said once per key (and
+        again only after it was allowed in between), naming the key and what it costs."""
+        if isinstance(exc, NotAuthorized):
+            self.status.counters.not_authorized += 1
+            if key not in self._refused:
+                self._refused.add(key)
+                self.log.error(
+                    "the store refuses to let this agent %s %s (not authorized by the "
+                    "broker's rules): %s",
+                    doing,
+                    key,
+                    _WHAT_A_REFUSAL_COSTS.get(doing, "this is skipped"),
+                )
+            return
+        self.status.counters.store_errors += 1
+        self.log.warning("could not %s %s: %s", doing, key, exc)
+
+    def _store_allowed(self, key: str) -> None:
+        if key in self._refused:
+            self._refused.discard(key)
+            self.log.info("the store lets this agent use %s again", key)
 
     def _controller_fault(self, exc: ControllerFault) -> None:
         if isinstance(exc, ControllerUnavailable):
@@ -418,8 +446,7 @@ class DeviceSync:
         except LockNotHeld:
             pass
         except (StateStoreError, SessionError) as exc:
-            self.status.counters.store_errors += 1
-            self.log.warning("could not write the sync record: %s", exc)
+            self._store_failed(exc, self.keys.record, "write the sync record to")
 
     async def _save_locally(self, synced: Synced) -> None:
         try:

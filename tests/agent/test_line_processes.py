@@ -3,17 +3,21 @@ units that fail, devices that come and go, settings that make no sense."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.controller.fake_line import FakeLine
+from agent.emulator.embedded import EmbeddedStateStore
+from agent.emulator.store import Access
 from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, STANDBY, BackgroundLoop, LineRig
 
@@ -134,6 +138,50 @@ def test_devices_removed_and_added_across_a_restart(line: LineRig) -> None:
     assert line.setpoint_in_store(3) == b"20.0"  # left as it was: nobody serves t03 now
     restarted.drain()
     assert not any("t03" in x for x in restarted.lines)
+
+
+class RefusingStore(LineRig):
+    """The broker's rules let agents write t03's set point no more, and t04 not at all."""
+
+    def _make_store(self) -> EmbeddedStateStore:
+        def rules(client_id: str, key: bytes, access: Access) -> bool:
+            if not client_id.startswith("agent-"):
+                return True
+            if key == b"t03\\setPoint" and access is Access.WRITE:
+                return False
+            return not key.startswith(b"t04\\")
+
+        return EmbeddedStateStore("127.0.0.1", self.port, authorizer=rules)
+
+
+def test_keys_the_store_refuses_are_said_once_and_the_rest_is_served(tmp_path: Path) -> None:
+    rig = RefusingStore(tmp_path, 4)
+    try:
+        rig.client.request("SET", "t03\\setPoint", b"20.0")
+        agent, _ = rig.start_active("a")
+        agent.wait_for(re.compile(r"device t04 is not served: .*t04\\setPoint"))
+        rig.wait_store(all_at(b"20.0", [1, 2]))
+        # t03: remote changes still reach the controller; its panel changes cannot reach
+        # the store, which is said once, not at every poll, and counted.
+        rig.remote_set_device(3, b"23.0")
+        rig.wait_line(lambda fake: fake.unit(3).setpoint == 23.0)
+        rig.background.call(lambda: rig.unit(3).panel_setpoint(19.0))
+        refused = re.compile(r"refuses to let this agent write t03\\setPoint")
+        agent.wait_for_new(refused)
+        rig.background.call(lambda: rig.unit(1).panel_setpoint(18.0))
+        rig.wait_store({1: b"18.0"})  # the others are served meanwhile
+        rig.client.subscribe("devices/t03/telemetry")
+        deadline = time.monotonic() + 10
+        while True:
+            body = json.loads(rig.client.other.get(timeout=10).payload)
+            if body["errors"]["not_authorized"] >= 2:
+                break
+            assert time.monotonic() < deadline, body
+        agent.drain()
+        assert sum(bool(refused.search(line)) for line in agent.lines) == 1
+        assert rig.writes(4) == []
+    finally:
+        rig.close()
 
 
 # ------------------------------------------------------------------ settings at start

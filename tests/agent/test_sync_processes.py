@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+import time
 
 from tests.support.rig import APPLIED, PUBLISHED, Rig
 
@@ -36,14 +38,41 @@ def test_unrounded_remote_value_is_applied_rounded_and_corrected(rig: Rig) -> No
     assert rig.device_writes() == [21.5]
 
 
-def test_invalid_remote_values_never_reach_the_controller(rig: Rig) -> None:
+NOT_SET_POINTS = (
+    b"99.0",  # outside the limits
+    b"4.0",
+    b"abc",
+    b"nan",
+    b"inf",
+    b"-inf",
+    b"",
+    b"1e1",
+    b" 21.5",
+    b"9" * 5000,  # more digits than Python turns into an int by default
+    b"\xff\xfe\x00",  # not UTF-8
+    b"2" * (1024 * 1024),  # a megabyte
+)
+
+
+def test_values_that_are_not_set_points_never_reach_the_controller(rig: Rig) -> None:
     agent, _ = rig.start_active()
-    for bad in (b"99.0", b"abc", b"nan", b"", b"4.0", b"1e1"):
+    rig.client.subscribe("devices/thermostat-1/telemetry")
+    for bad in NOT_SET_POINTS:
         rig.remote_set(bad)
         agent.wait_for_new(re.compile("invalid set point in the store ignored"))
     rig.remote_set(b"22.0")  # a valid one after them still goes through
     rig.wait_device(lambda d: d.setpoint == 22.0)
     assert rig.device_writes() == [22.0]
+    assert agent.proc.poll() is None
+    # Counted: telemetry says how many.
+    deadline = time.monotonic() + 10
+    while True:
+        body = json.loads(
+            rig.client.other.get(timeout=max(0.1, deadline - time.monotonic())).payload
+        )
+        if body["errors"]["invalid_remote_values"] == len(NOT_SET_POINTS):
+            break
+        assert time.monotonic() < deadline, body
 
 
 def test_remote_change_while_the_broker_is_down_is_applied_after_it_returns(rig: Rig) -> None:

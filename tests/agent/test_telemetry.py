@@ -25,6 +25,7 @@ ERROR_COUNTERS = {
     "controller_errors",
     "store_errors",
     "fenced_writes_rejected",
+    "not_authorized",
     "lock_losses",
 }
 FIELDS = {

@@ -66,7 +66,7 @@ class Rig:
         self.ttl_ms = ttl_ms
         self.background = BackgroundLoop()
         self.port = free_port()
-        self.store = EmbeddedStateStore("127.0.0.1", self.port)
+        self.store = self._make_store()
         self.device = self._make_device()
         self.background.run(self.store.start())
         self.background.run(self.device.start(tcp_port=0, panel_port=0))
@@ -74,6 +74,9 @@ class Rig:
             self.background.call(self._seed)
         self.agents: list[AgentProcess] = []
         self._client: PahoStoreClient | None = None
+
+    def _make_store(self) -> EmbeddedStateStore:
+        return EmbeddedStateStore("127.0.0.1", self.port)
 
     def _make_device(self) -> Any:
         return FakeDevice(setpoint=20.0, time_constant_s=30.0)
