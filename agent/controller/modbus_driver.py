@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import termios
-import time
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
@@ -385,5 +385,5 @@ class ModbusDriver(Driver):
                 raise SetpointRejected(str(exc)) from exc
             raise
         # The line is quiet for the silent interval before the next frame.
-        time.sleep(self.timing.silent_s)
+        threading.Event().wait(self.timing.silent_s)
         return self.read_setpoint(unit)

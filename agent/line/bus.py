@@ -229,7 +229,7 @@ class Bus:
                     continue
                 self._transact(item)
                 # The line stays quiet for the silent interval before the next frame.
-                time.sleep(self.driver.timing.silent_s)
+                self._quiet()
         except Exception:
             log.exception("%s: the bus stopped", self.driver.url)
         finally:
@@ -250,6 +250,12 @@ class Bus:
         finally:
             self._post(self._opened.set)
 
+    def _quiet(self) -> None:
+        """The silent interval. (An Event's timed wait, not time.sleep(): it ends at once on
+        close, and a sleep's absolute deadline is what libfaketime, which the clock tests
+        use, breaks.)"""
+        self._closing.wait(self.driver.timing.silent_s)
+
     def _idle_until(self, when: float) -> None:
         timeout = when - time.monotonic()
         if math.isinf(timeout):
@@ -267,7 +273,7 @@ class Bus:
             self._post(_settle, future, None, exc)
         else:
             self._post(_settle, future, result, None)
-        time.sleep(self.driver.timing.silent_s)
+        self._quiet()
 
     def _transact(self, op: Op) -> None:
         with self._mutex:
