@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
+from agent.controller.fake_device import FakeDevice
 from tests.support.mosquitto import Mosquitto, mosquitto_binary
 from tests.support.store_backends import EmbeddedBackend, MosquittoBackend, StoreBackend
 
@@ -40,3 +42,14 @@ async def store_backend(request: pytest.FixtureRequest) -> AsyncIterator[StoreBa
         yield backend
     finally:
         await backend.stop()
+
+
+@pytest.fixture
+async def device(tmp_path: Path) -> AsyncIterator[FakeDevice]:
+    """The fake controller on a pty (a symlink in tmp_path), TCP and a panel."""
+    fake = FakeDevice()
+    await fake.start(pty_link=tmp_path / "ttyFAKE", tcp_port=0, panel_port=0)
+    try:
+        yield fake
+    finally:
+        await fake.stop()

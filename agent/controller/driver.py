@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.controller.interface import ControllerState, DeviceIdentity, Limits
-from agent.line.timing import LineTiming
+from agent.line.timing import LineTiming, bits_per_char
 
 
 class LinkLost(Exception):
@@ -58,6 +58,37 @@ class Driver(ABC):
     timing: LineTiming
     reply_timeout_s: float
     stats: LinkStats
+
+    def _set_line(
+        self,
+        url: str,
+        *,
+        baudrate: int,
+        parity: str,
+        bytesize: int,
+        stopbits: float,
+        turnaround_s: float,
+        longest_reply: int,
+        reply_timeout_s: float | None,
+        extra_gap_s: float,
+    ) -> None:
+        """The line's settings, checked: ValueError at once rather than retries forever."""
+        if not url:
+            raise ValueError("a serial port URL or device path is required")
+        if reply_timeout_s is not None and not reply_timeout_s > 0:
+            raise ValueError(f"reply_timeout_s must be > 0, not {reply_timeout_s}")
+        if not baudrate > 0:
+            raise ValueError(f"baudrate must be > 0, not {baudrate}")
+        self.url = url
+        self.timing = LineTiming(
+            baudrate, bits_per_char(bytesize, parity, stopbits), turnaround_s, extra_gap_s
+        )
+        self.reply_timeout_s = (
+            self.timing.reply_timeout_s(longest_reply)
+            if reply_timeout_s is None
+            else reply_timeout_s
+        )
+        self.stats = LinkStats()
 
     @property
     @abstractmethod

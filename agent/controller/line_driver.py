@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import serial  # type: ignore[import-untyped]
 
 from agent.controller import line_protocol as lp
-from agent.controller.driver import Driver, LinkLost, LinkStats, Unit, is_device_path
+from agent.controller.driver import Driver, LinkLost, Unit, is_device_path
 from agent.controller.interface import (
     ControllerError,
     ControllerState,
@@ -25,7 +25,6 @@ from agent.controller.interface import (
     Limits,
     SetpointRejected,
 )
-from agent.line.timing import LineTiming, bits_per_char
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +56,16 @@ class LineDriver(Driver):
         extra_gap_s: float = 0.0,
         exclusive: bool | None = None,
     ) -> None:
-        if not url:
-            raise ValueError("a serial port URL or device path is required")
-        if reply_timeout_s is not None and not reply_timeout_s > 0:
-            raise ValueError(f"reply_timeout_s must be > 0, not {reply_timeout_s}")
-        if not baudrate > 0:
-            raise ValueError(f"baudrate must be > 0, not {baudrate}")
-        self.url = url
-        self.timing = LineTiming(
-            baudrate, bits_per_char(bytesize, parity, stopbits), TURNAROUND_S, extra_gap_s
-        )
-        self.reply_timeout_s = (
-            self.timing.reply_timeout_s(lp.MAX_LINE) if reply_timeout_s is None else reply_timeout_s
+        self._set_line(
+            url,
+            baudrate=baudrate,
+            parity=parity,
+            bytesize=bytesize,
+            stopbits=stopbits,
+            turnaround_s=TURNAROUND_S,
+            longest_reply=lp.MAX_LINE,
+            reply_timeout_s=reply_timeout_s,
+            extra_gap_s=extra_gap_s,
         )
         # Exclusive open is a flock() on a local tty; URLs have no such thing.
         self.exclusive = is_device_path(url) if exclusive is None else exclusive
@@ -86,7 +83,6 @@ class LineDriver(Driver):
         self._port: serial.Serial | None = None
         self._splitter = lp.LineSplitter(max_line=4 * lp.MAX_LINE)
         self._late_reply_possible = False
-        self.stats = LinkStats()
 
     @property
     def poll_frame(self) -> tuple[int, int]:

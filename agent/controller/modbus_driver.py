@@ -17,7 +17,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from agent.controller.driver import Driver, LinkLost, LinkStats, Unit
+from agent.controller.driver import Driver, LinkLost, Unit
 from agent.controller.interface import (
     DEFAULT_LIMITS,
     ControllerError,
@@ -28,7 +28,6 @@ from agent.controller.interface import (
     Mode,
     SetpointRejected,
 )
-from agent.line.timing import LineTiming, bits_per_char
 
 if TYPE_CHECKING:
     from pymodbus.client import ModbusSerialClient
@@ -204,23 +203,18 @@ class ModbusDriver(Driver):
         extra_gap_s: float = 0.0,
     ) -> None:
         pymodbus = import_pymodbus()
-        if not url:
-            raise ValueError("a serial port URL or device path is required")
-        if reply_timeout_s is not None and not reply_timeout_s > 0:
-            raise ValueError(f"reply_timeout_s must be > 0, not {reply_timeout_s}")
-        if not baudrate > 0:
-            raise ValueError(f"baudrate must be > 0, not {baudrate}")
-        self.url = url
-        self.timing = LineTiming(
-            baudrate, bits_per_char(bytesize, parity, stopbits), TURNAROUND_S, extra_gap_s
-        )
-        self.reply_timeout_s = (
-            self.timing.reply_timeout_s(LONGEST_REPLY_BYTES)
-            if reply_timeout_s is None
-            else reply_timeout_s
+        self._set_line(
+            url,
+            baudrate=baudrate,
+            parity=parity,
+            bytesize=bytesize,
+            stopbits=stopbits,
+            turnaround_s=TURNAROUND_S,
+            longest_reply=LONGEST_REPLY_BYTES,
+            reply_timeout_s=reply_timeout_s,
+            extra_gap_s=extra_gap_s,
         )
         self._exceptions = pymodbus.exceptions
-        self.stats = LinkStats()
         # pymodbus opens the port exclusively itself (exclusive=True, ignored by URLs).
         # No retries: a unit that does not answer costs one reply timeout, not several.
         self._client: ModbusSerialClient = pymodbus.client.ModbusSerialClient(

@@ -27,7 +27,6 @@ controller (a socket:// device line) in this process, the agents as real process
 from __future__ import annotations
 
 import argparse
-import os
 import queue
 import signal
 import socket
@@ -41,6 +40,7 @@ from typing import Any
 
 from agent.controller import line_protocol as lp
 from agent.controller.fake_device import FakeDevice
+from tests.bench.footprint import cpu_seconds, rss_kb
 from tests.support.paho_client import Received
 from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, LOCK_KEY, SETPOINT_KEY, STANDBY, Rig
@@ -244,19 +244,6 @@ def takeover_rows(label: str, results: list[Takeover], target_s: float, target: 
 
 
 # ---------------------------------------------------------------------------- 4. footprint
-
-
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 def bench_footprint(directory: Path, idle_s: float) -> list[Row]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import queue
 import random
 import re
@@ -51,6 +50,7 @@ from typing import Any
 from agent.controller import line_protocol as lp
 from agent.controller.line_driver import POLL_REPLY_BYTES, POLL_REQUEST_BYTES
 from agent.line.timing import LineTiming, cycle_s
+from tests.bench.footprint import cpu_seconds, rss_kb
 from tests.support.rig import ACTIVE, STANDBY, LineRig
 
 CPU_TARGET_N32 = 0.02
@@ -74,19 +74,6 @@ def quantile(values: list[float], q: float) -> float:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
-
-
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 class BenchRig(LineRig):

@@ -90,17 +90,6 @@ class Ticker:
 
 
 @pytest.fixture
-async def device(tmp_path: Path) -> AsyncIterator[FakeDevice]:
-    """The fake controller on a pty (a symlink in tmp_path), TCP and a panel."""
-    fake = FakeDevice()
-    await fake.start(pty_link=tmp_path / "ttyFAKE", tcp_port=0, panel_port=0)
-    try:
-        yield fake
-    finally:
-        await fake.stop()
-
-
-@pytest.fixture
 async def handle(device: FakeDevice) -> AsyncIterator[DeviceHandle]:
     """One controller on the fake device's pty, through the bus."""
     assert device.pty_link is not None

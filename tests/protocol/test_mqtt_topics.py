@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agent.emulator import mqtt_packets
@@ -142,3 +144,41 @@ def test_the_broker_codec_uses_the_same_functions() -> None:
     assert mqtt_packets.is_valid_topic_name is is_valid_topic_name
     assert mqtt_packets.is_valid_topic_filter is is_valid_topic_filter
     assert mqtt_packets.is_shared_subscription is is_shared_subscription
+
+
+def _reference_match(topic_filter: str, topic: str) -> bool:
+    """An independent, regex-based reading of section 4.7."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    pattern = ""
+    levels = topic_filter.split("/")
+    for index, level in enumerate(levels):
+        if level == "#":
+            # "a/#" also matches "a": the separator before # is optional.
+            pattern = pattern[: -len(re.escape("/"))] + "(/.*)?" if index else ".*"
+            break
+        pattern += "[^/]*" if level == "+" else re.escape(level)
+        if index < len(levels) - 1:
+            pattern += re.escape("/")
+    return re.fullmatch(pattern, topic, re.DOTALL) is not None
+
+
+topic_levels = st.sampled_from(["a", "b", "", "$s", "ab"])
+filter_levels = st.sampled_from(["a", "b", "", "$s", "+"])
+
+
+@given(
+    st.lists(filter_levels, min_size=1, max_size=4),
+    st.booleans(),
+    st.lists(topic_levels, min_size=1, max_size=5),
+)
+@settings(max_examples=500)
+def test_topic_matches_agrees_with_a_reference(
+    levels: list[str], multi_level: bool, topic_parts: list[str]
+) -> None:
+    topic_filter = "/".join([*levels, "#"] if multi_level else levels)
+    topic = "/".join(topic_parts)
+    assume(topic_filter and topic)  # both must be non-empty to be valid
+    assert is_valid_topic_filter(topic_filter)
+    assert is_valid_topic_name(topic)
+    assert topic_matches(topic_filter, topic) == _reference_match(topic_filter, topic)
