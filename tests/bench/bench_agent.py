@@ -6,15 +6,14 @@ Everything runs on this machine over loopback: the rig's embedded state store an
 controller (a socket:// device line) in this process, the agents as real processes.
 
 1. Remote change -> controller read-back: a remote SET through paho, timed from its
-   publication until the fake device serves the agent's read-back (the GET SP after the
-   SET SP), from the device's request records (time.monotonic(), this process).
-   Bound: 2 x (store round trip + line time). The round trip is a paho GET measured in
-   the same run (p50 for the p50 bound, p99 for the p99 bound). The device line here is
-   socket:// and has no baud rate, so the line time is computed: the bytes of the
-   SET SP and GET SP exchanges (requests and replies, checksummed) x 10 / 9600 baud (8N1).
-   The driver also reads the set point before writing (one more GET SP exchange), which
-   the factor 2 covers. The agent runs with min_write_interval_s=0 for this, and the
-   changes are spaced so that none waits for the one before.
+   publication until the active's sync record of that version arrives (the agent writes
+   it after the controller's reply to the write, which is its read-back). The fake device
+   emulates the line time at 9600 baud (8N1), so the measurement pays the line time the
+   bound counts. Bound: 2 x (store round trip + line time of the exchanges: the agent reads
+   the controller's state first, then writes; the write's reply is the read-back). The
+   round trip is a paho GET measured in the same run (p50 for the p50 bound, p99 for p99).
+   The agent runs with min_write_interval_s=0 for this, and the changes are spaced so that
+   none waits for the one before.
 2. Failover after SIGKILL of the active: from the kill until the standby holds the lock
    (its SET on the lock key, seen through KEYNOTIFY) and until it logs "became active"
    (line read from its output). Target: <= TTL + 300 ms.
@@ -43,7 +42,7 @@ from agent.controller.fake_device import FakeDevice
 from tests.bench.footprint import cpu_seconds, rss_kb
 from tests.support.paho_client import Received
 from tests.support.processes import AgentProcess
-from tests.support.rig import ACTIVE, LOCK_KEY, SETPOINT_KEY, STANDBY, Rig
+from tests.support.rig import ACTIVE, LOCK_KEY, RECORD_KEY, SETPOINT_KEY, STANDBY, Rig
 
 LINE_BAUD = 9600
 BITS_PER_BYTE = 10  # 8N1: start, 8 data, stop
@@ -89,43 +88,21 @@ class StampedQueue(queue.Queue[tuple[float, Received]]):
 
 
 def exchange_bytes(value: float) -> int:
-    """Bytes on the line for SET SP and its read-back GET SP, both ways, checksummed."""
+    """Bytes on the line for GET STATE and SET SP, requests and replies, checksummed."""
     lines = (
+        lp.format_request(lp.GetState()),
+        "STATE SP=21.5 T=20.3 OUT=25 MODE=HEAT",
         lp.format_request(lp.SetSetpoint(value)),
         lp.format_reply(lp.SetpointStored(value)),
-        lp.format_request(lp.GetSetpoint()),
-        lp.format_reply(lp.SetpointReply(value)),
     )
     return sum(len(lp.encode_line(line)) for line in lines)
 
 
-def readback_at(device: FakeDevice, value: float, since: float) -> float | None:
-    """When the device served the GET SP that followed the SET SP of `value`."""
-    write = next(
-        (w for w in device.writes if w.at >= since and w.value == value and w.channel != "panel"),
-        None,
-    )
-    if write is None:
-        return None
-    for request in device.requests:
-        if request.at > write.at and request.channel != "panel":
-            frame = lp.decode_line(request.line.rstrip(b"\r\n"), require_checksum=False)
-            if isinstance(lp.parse_request(frame.payload), lp.GetSetpoint):
-                return request.at
-    return None
+class LineTimeRig(Rig):
+    """The rig with a fake device that takes the line time of 9600 baud to answer."""
 
-
-def wait_readback(rig: Rig, value: float, since: float) -> float:
-    def served(device: FakeDevice) -> bool:
-        return readback_at(device, value, since) is not None
-
-    def when() -> float | None:
-        return readback_at(rig.device, value, since)
-
-    rig.wait_device(served)
-    done = rig.background.call(when)
-    assert done is not None
-    return done
+    def _make_device(self) -> Any:
+        return FakeDevice(setpoint=20.0, time_constant_s=30.0, emulate_baud=LINE_BAUD)
 
 
 def nodelay(rig: Rig) -> None:
@@ -147,20 +124,29 @@ def store_round_trips(rig: Rig, count: int) -> list[float]:
 
 
 def bench_remote_changes(directory: Path, changes: int) -> list[Row]:
-    rig = Rig(directory)
+    rig = LineTimeRig(directory)
     try:
         nodelay(rig)
         rig.start_active("a", AGENT_SERIAL__MIN_WRITE_INTERVAL_S="0")
+        stamped = StampedQueue()
+        rig.client.notifications = stamped  # type: ignore[assignment]
+        assert rig.client.request("KEYNOTIFY", RECORD_KEY).payload == b"+OK\r\n"
         round_trips = store_round_trips(rig, max(changes, 50))
         latencies: list[float] = []
         for index in range(changes):
             value = 21.5 if index % 2 == 0 else 21.0  # always a change
             token = rig.client.request("GET", LOCK_KEY).prop("__ts")
+            while not stamped.empty():
+                stamped.get_nowait()
             started = time.monotonic()
             reply = rig.client.request("SET", SETPOINT_KEY, lp.format_number(value), ft=token)
             assert reply.payload == b"+OK\r\n", reply.payload
-            done = wait_readback(rig, value, started)
-            latencies.append(done - started)
+            version = f'"version":"{reply.prop("__ts")}"'.encode()
+            while True:
+                stamp, note = stamped.get(timeout=10)
+                if version in note.payload:
+                    break
+            latencies.append(stamp - started)
             time.sleep(CHANGE_GAP_S)
         more_round_trips = store_round_trips(rig, max(changes, 50))
     finally:
@@ -174,7 +160,7 @@ def bench_remote_changes(directory: Path, changes: int) -> list[Row]:
         Row("store round trip (paho GET) p50", ms(rtt50), "", None),
         Row("store round trip (paho GET) p99", ms(rtt99), "", None),
         Row(
-            f"line time SET SP + GET SP ({exchange_bytes(21.5)} B at {LINE_BAUD})",
+            f"line time GET STATE + SET SP ({exchange_bytes(21.5)} B at {LINE_BAUD})",
             ms(line_s),
             "",
             None,
@@ -208,7 +194,7 @@ def takeovers(directory: Path, rounds: int, how: signal.Signals, ttl_ms: int) ->
         for _ in range(rounds):
             while not stamped.empty():
                 stamped.get_nowait()
-            new_holder = b"$1\r\n" + names[1].encode() + b"\r\n"
+            new_holder = names[1].encode()
             killed_at = time.monotonic()
             active.signal(how)
             standby.wait_for_new(ACTIVE, timeout=ttl_ms / 1000 + 10)
@@ -216,7 +202,8 @@ def takeovers(directory: Path, rounds: int, how: signal.Signals, ttl_ms: int) ->
             lock_at = None
             while lock_at is None:
                 stamp, note = stamped.get(timeout=5)
-                if b"SET" in note.payload and note.payload.endswith(new_holder):
+                holder = note.payload.rsplit(b"\r\n", 2)[-2].split(b"#", 1)[0]
+                if b"SET" in note.payload and holder == new_holder:
                     lock_at = stamp
             results.append(Takeover(lock_at - killed_at, active_at - killed_at))
             active.proc.wait(10)
@@ -309,7 +296,7 @@ def main() -> None:
         rows, took = timed(lambda: bench_remote_changes(directory / "latency", args.changes))
         print_table(f"1. remote change -> controller read-back ({took:.0f} s)", rows)
         print(
-            "     line time computed for 9600 baud 8N1 (the bench's device line is socket://);"
+            "     the fake device emulates the line time at 9600 baud 8N1;"
             "\n     min_write_interval_s=0 for this figure"
         )
 
