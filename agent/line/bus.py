@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import math
@@ -137,8 +138,10 @@ class Bus:
             return
         self._loop = asyncio.get_running_loop()
         self._closing.clear()
+        # The thread logs with the context (line, instance) of whoever opened the bus.
+        context = contextvars.copy_context()
         self._thread = threading.Thread(
-            target=self._drive, name=f"bus {self.driver.url}", daemon=True
+            target=context.run, args=(self._drive,), name=f"bus {self.driver.url}", daemon=True
         )
         self._thread.start()
         await self._opened.wait()
@@ -290,7 +293,7 @@ class Bus:
         except LinkLost as exc:
             with self._mutex:
                 self.schedule.finished(op, Outcome.LINE_DOWN, time.monotonic())
-            self._answer(op, error=ControllerUnavailable(f"{op.device}: {exc}"))
+            # Its caller learns it with everyone else's, after the units are unavailable.
             self._lose_line(exc)
             return
         except ControllerUnavailable as exc:
@@ -351,8 +354,8 @@ class Bus:
         self._line_up = False
         self._post(self._line_event.clear)
         log.warning("%s: line lost, reopening: %s", self.driver.url, exc)
-        self._post(self._fail_all, ControllerUnavailable(f"{self.driver.url}: the line is down"))
         self._post(self._set_all_available, False)
+        self._post(self._fail_all, ControllerUnavailable(f"{self.driver.url}: line lost: {exc}"))
         with contextlib.suppress(Exception):
             self.driver.close()
 

@@ -135,6 +135,7 @@ class Leadership:
 
     async def _take_over(self, epoch: int, token: Hlc) -> None:
         """Drives the line under the lease of `epoch`, once the previous lease has ended."""
+        log.debug("acquired the lock (token %s): taking over", token)
         # Reconnect fast while the lease is held: a slow reconnect would cost the lease.
         self.session.set_reconnect_ceiling(max(0.05, self.ttl_ms / 12_000))
         async with self._role_change:

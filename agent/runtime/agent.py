@@ -64,6 +64,7 @@ class Agent:
         self.bus: Bus | None = None
         self.scheduler: AsyncIOScheduler | None = None
         self._claim: PortClaim | None = None
+        self._driver: Driver | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._clock_task: asyncio.Task[None] | None = None
         self._line_stats: tuple[float, int] | None = None  # (when, transactions) last telemetry
@@ -97,6 +98,14 @@ class Agent:
         except PortTaken as exc:
             log.error("invalid setting AGENT_SERIAL__URL (serial.url): %s", exc)
             return EXIT_CONFIG
+        try:
+            # Made once, at start: a setting the driver cannot use is a configuration error
+            # now, not at the first takeover, and a takeover does not wait for it.
+            self._driver = self._driver_factory(s)
+        except (ValueError, ImportError) as exc:
+            log.error("invalid setting AGENT_SERIAL (serial): %s", exc)
+            return EXIT_CONFIG
+        warn_about(s, self._driver)
         self.notifier.status("connecting to the broker")
         try:
             self.session = Session(s.mqtt, client_id=s.client_id)
@@ -292,10 +301,9 @@ class Agent:
 
     async def _take_over_line(self) -> None:
         """Opens the line and reconciles every device on it, as the new active."""
-        driver = self._driver_factory(self.settings)
-        warn_about(self.settings, driver)
+        assert self._driver is not None
         self.bus = Bus(
-            driver,
+            self._driver,
             [unit for unit in make_units(self.settings) if unit.name in self.devices],
             poll_interval_s=self.settings.serial.poll_interval_s,
             min_write_interval_s=write_intervals(self.settings),

@@ -7,6 +7,7 @@ from typing import Any
 
 from agent.config import MAX_UNIT_LOADS, AgentSettings, DeviceSettings
 from agent.controller.driver import Driver, Unit
+from agent.controller.line_driver import LineDriver
 from agent.line.timing import cycle_s
 
 log = logging.getLogger("agent")
@@ -23,11 +24,9 @@ def make_driver(settings: AgentSettings) -> Driver:
         "extra_gap_s": serial.extra_gap_s,
     }
     if serial.driver == "modbus":
-        from agent.controller.modbus_driver import ModbusDriver
+        from agent.controller.modbus_driver import ModbusDriver  # an optional extra
 
         return ModbusDriver(serial.url, **common)
-    from agent.controller.line_driver import LineDriver
-
     return LineDriver(serial.url, **common)
 
 
