@@ -88,6 +88,11 @@ def _request_length(buffer: bytearray, start: int) -> int | None:
 
 def _valid_frame_at(buffer: bytearray, start: int) -> int:
     """The length of a whole request frame with a good CRC at `start`, or 0."""
+    if len(buffer) - start >= 2 and (buffer[start] > 247 or buffer[start + 1] >= 0x80):
+        # No request starts so: not an address (0 broadcast, 1..247), or not a function
+        # (codes from 0x80 up are exception replies). This keeps a run of data bytes with
+        # a chance good CRC from passing for a frame of unknown layout.
+        return 0
     length = _request_length(buffer, start)
     if length is None:
         return 0
