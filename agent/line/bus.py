@@ -83,10 +83,16 @@ class Bus:
         on_reading: ReadingHandler | None = None,
         reading_wanted: ReadingFilter | None = None,
         on_availability: AvailabilityHandler | None = None,
+        may_transact: Callable[[], bool] | None = None,
         **schedule_options: Any,
     ) -> None:
         """`reading_wanted(name, state)` is asked on the bus's thread for every routine
-        reading: only those it wants are handed to `on_reading` (on the event loop)."""
+        reading: only those it wants are handed to `on_reading` (on the event loop).
+
+        `may_transact()` is asked on the bus's thread before every transaction, a read as
+        much as a write: a master that may no longer drive the line (its lease ended while
+        it was paused, say) must not put a single frame on it, even before the event loop
+        has caught up and closed the bus. It must only read state."""
         if not units:
             raise ValueError("a bus needs at least one unit")
         if not 0 < backoff_initial_s <= backoff_max_s:
@@ -107,6 +113,9 @@ class Bus:
         self.on_reading = on_reading
         self.reading_wanted = reading_wanted
         self.on_availability = on_availability
+        self.may_transact = may_transact
+        self.withheld = 0
+        """Transactions not put on the line because may_transact() said no."""
         self.handles = {name: DeviceHandle(self, unit) for name, unit in self.units.items()}
         self.reopen_count = 0
         """How often the port was reopened after it was lost."""
@@ -283,6 +292,10 @@ class Bus:
             waiter = self._waiters.get(op.number)
         if waiter is not None and waiter.future.done():
             return  # its caller gave up
+        if self.may_transact is not None and not self.may_transact():
+            self.withheld += 1
+            self._answer(op, error=WriteNotAllowed(f"{op.device}: no longer driving the line"))
+            return
         allowed = waiter.allowed if waiter is not None else None
         if op.kind is Kind.WRITE and allowed is not None and not allowed():
             self._answer(op, error=WriteNotAllowed(f"{op.device}: write of {op.value} withdrawn"))

@@ -312,6 +312,7 @@ class Agent:
             on_reading=self._on_reading,
             reading_wanted=self._reading_wanted,
             on_availability=self._on_availability,
+            may_transact=self.may_write,
         )
         await self.bus.open()
         started = time.monotonic()
