@@ -1,0 +1,265 @@
+"""The soak's independent checker: the pair's invariants, from what the fake line and the
+store saw, never from what the agents say about themselves.
+
+Fed with:
+- the fake line's records (every request on the device line: when, on which connection),
+  and each unit's writes and panel changes (when, what value);
+- the store's own record of every request it handled (a hook on the pure store: client,
+  command, key, value, fencing token, whether it was accepted, and the version it gave).
+
+Checks:
+1. One master on the line: no two connections drive it at once (their spans of requests
+   never overlap, and the fake saw no collision).
+2. The newest token: no write an agent got accepted carries a token older than a lock
+   version the store gave another holder before it.
+3. No lost change: a panel change is never written over at the controller before it was
+   published; an agent publishes only what a panel change made (or a value the store lost,
+   again); a remote change the store accepted ends up at the controller unless a later
+   change took its place; and when the faults stop, every controller and its key agree.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+AGENT_PREFIX = "agent-"
+READS = frozenset({"GET STATE", "GET SP", "READ HOLDING", "READ INPUT"})
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEvent:
+    at: float
+    client: str
+    command: str
+    key: bytes
+    value: bytes | None
+    token: str | None
+    accepted: bool
+    version: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LineEvent:
+    at: float
+    client: str
+    address: int | None
+    kind: str
+    value: float | None
+    collision: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UnitEvent:
+    at: float
+    address: int
+    kind: str  # "panel" | "write"
+    value: float
+
+
+@dataclass
+class Violation:
+    kind: str
+    at: float
+    detail: str
+
+
+@dataclass
+class Checker:
+    device_of: dict[int, str]  # address -> device id
+    lock_key: bytes
+    store: list[StoreEvent] = field(default_factory=list)
+    line: list[LineEvent] = field(default_factory=list)
+    units: list[UnitEvent] = field(default_factory=list)
+    wiped_at: list[float] = field(default_factory=list)
+    """When the store forgot its contents."""
+    violations: list[Violation] = field(default_factory=list)
+    lost: int = 0
+    raced: int = 0
+    """Panel changes made between an agent's read and its write of the same unit."""
+
+    # ------------------------------------------------------------------ 1. one master
+
+    def check_one_master(self) -> None:
+        spans: dict[str, list[float]] = {}
+        for event in self.line:
+            span = spans.setdefault(event.client, [event.at, event.at])
+            span[1] = max(span[1], event.at)
+            if event.collision:
+                self._violate("two masters", event.at, f"{event.client} collided on the line")
+        ordered = sorted(spans.items(), key=lambda item: item[1][0])
+        for (first, (_, first_end)), (second, (second_start, _)) in itertools.pairwise(ordered):
+            if second_start < first_end:
+                self._violate(
+                    "two masters",
+                    second_start,
+                    f"{second} drove the line from {second_start:.3f} while {first} did "
+                    f"until {first_end:.3f}",
+                )
+
+    # ------------------------------------------------------------------ 2. newest token
+
+    def check_tokens(self) -> None:
+        holders: list[tuple[str, str]] = []  # (version, holder) of every lock grant, in order
+        holder_of: dict[str, str] = {}
+        for event in self.store:
+            if event.key == self.lock_key:
+                if event.command == "SET" and event.accepted and event.version is not None:
+                    holder = (event.value or b"").decode(errors="replace")
+                    holders.append((event.version, holder))
+                    holder_of[event.version] = holder
+                continue
+            if not event.client.startswith(AGENT_PREFIX) or not event.accepted:
+                continue
+            if event.command not in ("SET", "DEL", "VDEL") or event.token is None:
+                continue
+            own = holder_of.get(event.token)
+            newer = [h for version, h in holders if _newer(version, event.token) and h != own]
+            if newer:
+                self._violate(
+                    "stale token",
+                    event.at,
+                    f"{event.client} wrote {event.key!r} with {event.token} after {newer[0]} "
+                    "held the lock",
+                )
+
+    # ------------------------------------------------------------------ 3. no lost change
+
+    def check_changes(
+        self, final_units: dict[int, float], final_store: dict[int, bytes | None]
+    ) -> None:
+        by_device: dict[int, list[tuple[float, str, Any]]] = defaultdict(list)
+        for unit_event in self.units:
+            by_device[unit_event.address].append((unit_event.at, unit_event.kind, unit_event.value))
+        keys = {
+            f"{device}\\setPoint".encode(): address for address, device in self.device_of.items()
+        }
+        for event in self.store:
+            address = keys.get(event.key)
+            if address is None or not event.accepted or event.command != "SET":
+                continue
+            kind = "publish" if event.client.startswith(AGENT_PREFIX) else "remote"
+            by_device[address].append((event.at, kind, _number(event.value)))
+        for wiped in self.wiped_at:
+            for address in self.device_of:
+                by_device[address].append((wiped, "wipe", None))
+        for line_event in self.line:
+            if line_event.address is not None and line_event.kind in READS:
+                by_device[line_event.address].append((line_event.at, "read", None))
+        for address, events in by_device.items():
+            events.sort(key=lambda e: e[0])
+            self._check_device(address, events)
+        for address in self.device_of:
+            stored = _number(final_store.get(address))
+            unit = final_units.get(address)
+            if stored is None or unit is None or abs(stored - unit) > 1e-6:
+                self.lost += 1
+                self._violate(
+                    "no agreement",
+                    0.0,
+                    f"{self.device_of[address]}: controller {unit}, store {stored} at the end",
+                )
+
+    def _check_device(self, address: int, events: list[tuple[float, str, Any]]) -> None:
+        device = self.device_of[address]
+        unpublished: tuple[float, float] | None = None  # a panel change not yet in the store
+        controller: float | None = None
+        store_holds: float | None = None
+        pending_remote: tuple[float, float] | None = None  # accepted, not applied yet
+        last_read = float("-inf")
+        for at, kind, value in events:
+            if kind == "read":
+                last_read = at
+            elif kind == "panel":
+                unpublished = (at, value)
+                controller = value
+            elif kind == "write":
+                if unpublished is not None and abs(value - unpublished[1]) > 1e-6:
+                    if unpublished[0] < last_read:
+                        self.lost += 1
+                        self._violate(
+                            "panel change lost",
+                            at,
+                            f"{device}: {value} written over {unpublished[1]} (made at "
+                            f"{unpublished[0]:.3f}, read since) before it was published",
+                        )
+                    else:
+                        # Turned between the agent's read and its write: no master without
+                        # a compare-and-set on the device can see that. Counted apart.
+                        self.raced += 1
+                    unpublished = None
+                controller = value
+                if pending_remote is not None and abs(value - pending_remote[1]) < 1e-6:
+                    pending_remote = None
+            elif kind == "publish":
+                explained = (
+                    (unpublished is not None and abs(value - unpublished[1]) < 1e-6)
+                    or store_holds is None  # the store had lost it: published again
+                    or (
+                        controller is not None
+                        and abs(value - controller) < 1e-6
+                        and pending_remote is None
+                    )
+                )
+                if not explained:
+                    self.lost += 1
+                    self._violate(
+                        "stale value published",
+                        at,
+                        f"{device}: published {value}, which no panel change made "
+                        f"(controller {controller}, remote pending {pending_remote})",
+                    )
+                if unpublished is not None and abs(value - unpublished[1]) < 1e-6:
+                    unpublished = None
+                store_holds = value
+                pending_remote = None  # a later store change takes the remote's place
+            elif kind == "remote":
+                store_holds = value
+                pending_remote = (at, value)
+                if (
+                    controller is not None
+                    and abs(value - controller) < 1e-6
+                    and unpublished is None
+                ):
+                    pending_remote = None
+            elif kind == "wipe":
+                store_holds = None
+
+    # ------------------------------------------------------------------ helpers
+
+    def _violate(self, kind: str, at: float, detail: str) -> None:
+        self.violations.append(Violation(kind, at, detail))
+
+    def summary(self) -> dict[str, Any]:
+        kinds: dict[str, int] = defaultdict(int)
+        for violation in self.violations:
+            kinds[violation.kind] += 1
+        return {
+            "violations": len(self.violations),
+            "violations_by_kind": dict(kinds),
+            "lost": self.lost,
+            "raced_panel_changes": self.raced,
+            "first_violations": [
+                f"{v.kind} at {v.at:.3f}: {v.detail}" for v in self.violations[:10]
+            ],
+        }
+
+
+def _newer(version: str, than: str) -> bool:
+    return _hlc_key(version) > _hlc_key(than)
+
+
+def _hlc_key(text: str) -> tuple[int, int, str]:
+    wall, counter, node = text.split(":", 2)
+    return int(wall), int(counter), node
+
+
+def _number(value: bytes | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
