@@ -170,3 +170,77 @@ def test_a_store_that_forgets_everything_gets_the_set_point_back(rig: Rig) -> No
     rig.wait_device(lambda d: d.setpoint == 22.0, timeout=10)
     assert rig.device_writes() == [22.0]
     assert active.proc.poll() is None
+
+
+# ------------------------------------------------------------------ 5. a lease on a slow link
+
+
+def last_role(agent: AgentProcess) -> str | None:
+    agent.drain()
+    role = None
+    for line in agent.lines:
+        if ACTIVE.search(line):
+            role = "active"
+        elif STEPPED_DOWN.search(line) or STANDBY.search(line):
+            role = "standby"
+    return role
+
+
+def test_an_instance_is_never_active_without_a_lease_and_someone_always_contends(
+    rig: Rig,
+) -> None:
+    """0.6 s of one-way delay on the active's link: renewals take longer than a third of
+    the lease, yet the store grants them. Afterwards exactly the holder is active, and when
+    it dies the other takes over."""
+    ttl = {"AGENT_LOCK__TTL_MS": "3000"}
+    agents = {"a": rig.start_active("a", via_proxy=True, **ttl)[0]}
+    agents["b"] = rig.start_agent("b", via_proxy=True, **ttl)
+    agents["b"].wait_for_new(STANDBY)
+    rig.background.call(lambda: rig.proxies["a"].delay(0.6, "in"))
+    time.sleep(4 * 3.0)  # the fault is the slow link itself, over four leases
+    rig.background.call(rig.proxies["a"].set_pass)
+    rig.watch_lock()
+    rig.expect_renewal(rig.lock_holder().decode(), 3.0)  # type: ignore[union-attr]
+    holder = rig.lock_holder()
+    assert holder is not None
+    other = "b" if holder == b"a" else "a"
+    assert last_role(agents[holder.decode()]) == "active"
+    assert last_role(agents[other]) == "standby", agents[other].lines
+    # Someone always contends: the holder dies, the other takes over within the lease.
+    killed = time.monotonic()
+    agents[holder.decode()].signal(signal.SIGKILL)
+    agents[other].wait_for_new(ACTIVE, timeout=3.0 + 3.0)
+    assert time.monotonic() - killed <= 3.0 + 1.0
+    assert rig.lock_holder() == other.encode()
+
+
+# ------------------------------------------------------------------ 6. a short link reset
+
+
+def test_a_one_second_link_reset_keeps_the_role_and_the_change_made_meanwhile(rig: Rig) -> None:
+    ordinary_backoff = {
+        "AGENT_LOCK__TTL_MS": "3000",
+        "AGENT_MQTT__RECONNECT_MIN_S": "0.5",
+        "AGENT_MQTT__RECONNECT_MAX_S": "30",
+    }
+    active, _ = rig.start_active("a", via_proxy=True, **ordinary_backoff)
+    standby = rig.start_agent("b", **ordinary_backoff)
+    standby.wait_for_new(STANDBY)
+    proxy = rig.proxies["a"]
+    for trial in range(7):  # as the defect was found: 3 of 7 lost the role
+        value = f"{21 + trial}.0".encode()
+
+        def reset() -> None:
+            proxy.cut()
+            proxy.drop()  # and refused, for the length of the outage
+
+        rig.background.call(reset)
+        assert rig.remote_set(value) == b"+OK\r\n"  # made during the outage
+        time.sleep(1.0)  # the outage is the fault itself
+        rig.background.call(proxy.set_pass)
+        rig.wait_device(lambda d, v=float(value): d.setpoint == v, timeout=10)
+        rig.wait_store_value(value)
+    active.drain()
+    standby.drain()
+    assert not any(STEPPED_DOWN.search(line) for line in active.lines), active.lines
+    assert not any(ACTIVE.search(line) for line in standby.lines)

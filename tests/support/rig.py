@@ -73,6 +73,7 @@ class Rig:
         if served_before:
             self.background.call(self._seed)
         self.agents: list[AgentProcess] = []
+        self.proxies: dict[str, Any] = {}
         self._client: PahoStoreClient | None = None
 
     def _make_store(self) -> EmbeddedStateStore:
@@ -107,13 +108,25 @@ class Rig:
         env.update(extra)
         return env
 
-    def start_agent(self, instance: str, **extra: str) -> AgentProcess:
-        process = AgentProcess([], env=self.env(instance, **extra), merge_stderr=True)
+    def start_agent(self, instance: str, *, via_proxy: bool = False, **extra: str) -> AgentProcess:
+        """An agent process; `via_proxy`: its link to the broker goes through a fault proxy
+        of its own (rig.proxies[instance])."""
+        env = self.env(instance, **extra)
+        if via_proxy:
+            from tests.harness.proxy import FaultProxy
+
+            proxy = FaultProxy(("127.0.0.1", self.port))
+            self.background.run(proxy.start())
+            self.proxies[instance] = proxy
+            env["AGENT_MQTT__PORT"] = str(proxy.port)
+        process = AgentProcess([], env=env, merge_stderr=True)
         self.agents.append(process)
         return process
 
-    def start_active(self, instance: str = "a", **extra: str) -> tuple[AgentProcess, str]:
-        process = self.start_agent(instance, **extra)
+    def start_active(
+        self, instance: str = "a", *, via_proxy: bool = False, **extra: str
+    ) -> tuple[AgentProcess, str]:
+        process = self.start_agent(instance, via_proxy=via_proxy, **extra)
         ttl_s = int(extra.get("AGENT_LOCK__TTL_MS", self.ttl_ms)) / 1000
         token = process.wait_for_new(ACTIVE, timeout=10 + ttl_s).group(1)
         process.wait_for_new(re.compile("started as active"))
@@ -236,6 +249,8 @@ class Rig:
     def close(self) -> None:
         for process in self.agents:
             process.stop()
+        for proxy in self.proxies.values():
+            self.background.run(proxy.stop())
         if self._client is not None:
             self._client.close()
         self.background.run(self.device.stop())
