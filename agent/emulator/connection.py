@@ -131,9 +131,10 @@ class Connection(asyncio.Protocol):
                 tls.abort()
             return
         self._transport = tls
-        self._tls_ready = True
         self.certificate_subject = subject_of(tls.get_extra_info("peercert"))
+        self._tls_ready = True
         logger.debug("TLS from %s, client certificate %s", self.peer, self.certificate_subject)
+        self._take_turn()  # a CONNECT may have arrived with the end of the handshake
 
     def _tls_failed(self, transport: asyncio.Transport, error: BaseException) -> None:
         if not self._ended:
@@ -150,6 +151,10 @@ class Connection(asyncio.Protocol):
         if self._ended:
             return
         self._reader.feed(data)
+        if not self._tls_ready:
+            # The TLS layer can hand over the CONNECT before start_tls() has returned, that
+            # is before the client certificate is known: it waits for _start_tls().
+            return
         self._take_turn()
 
     def _take_turn(self) -> None:
