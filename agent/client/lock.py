@@ -184,7 +184,12 @@ class LeasedLock:
         return value
 
     async def fenced_set(
-        self, key: bytes | str, value: bytes | str, *, timeout: float | None = None
+        self,
+        key: bytes | str,
+        value: bytes | str,
+        *,
+        condition: Condition | None = None,
+        timeout: float | None = None,
     ) -> SetResult:
         """Writes with the current token. A rejection is a loss, unless a renewal of ours
         whose answer has not come back explains it: others may fence their writes with the
@@ -193,7 +198,9 @@ class LeasedLock:
         if token is None:
             raise LockNotHeld(f"{self.key!r} is not held")
         try:
-            return await self.client.set(key, value, fencing_token=token, timeout=timeout)
+            return await self.client.set(
+                key, value, condition=condition, fencing_token=token, timeout=timeout
+            )
         except FencingTokenLowerVersion:
             holder, version = await self.client.get(self.key, timeout=timeout)
             explained = (
@@ -210,7 +217,9 @@ class LeasedLock:
         assert version is not None
         self._token = version
         try:
-            return await self.client.set(key, value, fencing_token=version, timeout=timeout)
+            return await self.client.set(
+                key, value, condition=condition, fencing_token=version, timeout=timeout
+            )
         except FencingTokenLowerVersion:
             self._lose(LossReason.FENCED_WRITE_REJECTED)
             raise

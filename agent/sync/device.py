@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
 from agent.client.session import SessionError
-from agent.client.statestore import KeyChange, StateStoreClient
+from agent.client.statestore import Condition, KeyChange, StateStoreClient
 from agent.controller.interface import (
     Controller,
     ControllerError,
@@ -51,13 +51,14 @@ from agent.sync.record import InvalidRecord, encode_record, parse_record
 from agent.sync.state_file import StateFile
 
 SEEN_WHILE_STANDBY = 64
+"""Set point values kept while standby, newest last (see `decisions.takeover_base`)."""
+_FENCE_ATTEMPTS = 3
 _WHAT_A_REFUSAL_COSTS = {
     "write": "changes made at the controller are not published",
     "read": "the device is not kept in sync",
     "write the sync record to": "a takeover knows less of what this instance synced",
     "write the line's name to": "remote writers cannot find the device's line",
 }
-"""Set point values kept while standby, newest last (see `decisions.takeover_base`)."""
 
 
 @dataclass
@@ -205,9 +206,13 @@ class DeviceSync:
         self.controller = controller
         async with self._busy:
             try:
-                record_raw, _ = await self.client.get(self.keys.record)
-                store_raw, store_version = await self.client.get(self.keys.setpoint)
-                line, _ = await self.client.get(self.keys.line)
+                (record_raw, _), (store_raw, store_version), (line, _) = await asyncio.gather(
+                    self._read_and_fence(self.keys.record, "write the sync record to"),
+                    self._read_and_fence(self.keys.setpoint, "write"),
+                    self._read_and_fence(self.keys.line, "write the line's name to"),
+                )
+            except (LockNotHeld, FencingTokenLowerVersion):
+                return  # lost already: the lock says so
             except (StateStoreError, SessionError) as exc:
                 self._store_failed(exc, self.keys.setpoint, "read")
                 self.reconcile_soon()
@@ -228,6 +233,26 @@ class DeviceSync:
 
             await self._run_locked("takeover", decide)
         self._seen.clear()
+
+    async def _read_and_fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
+        """Reads a key and writes the same value back with this instance's token, only if it
+        is still that value (NEX). The store fences a key by the token of its last write, not
+        by the lock: without this, a write the former active sent before its deadline and the
+        network delivered late (a partition healing) would still be accepted."""
+        value, version = await self.client.get(key)
+        for _ in range(_FENCE_ATTEMPTS):
+            if value is None:
+                break
+            try:
+                fenced = await self.lock.fenced_set(key, value, condition=Condition.NEX)
+            except NotAuthorized as exc:
+                self._store_failed(exc, key, writing)
+                break
+            if fenced.applied:
+                self._store_allowed(key)
+                break
+            value, version = await self.client.get(key)  # written meanwhile: once more
+        return value, version
 
     def release(self) -> Controller | None:
         """Stepping down: hands back the controller; pending work is dropped (the next

@@ -167,7 +167,7 @@ def test_keys_the_store_refuses_are_said_once_and_the_rest_is_served(tmp_path: P
         rig.wait_line(lambda fake: fake.unit(3).setpoint == 23.0)
         rig.background.call(lambda: rig.unit(3).panel_setpoint(19.0))
         refused = re.compile(r"refuses to let this agent write t03\\setPoint")
-        agent.wait_for_new(refused)
+        agent.wait_for(refused)  # at takeover already: fencing the key
         rig.background.call(lambda: rig.unit(1).panel_setpoint(18.0))
         rig.wait_store({1: b"18.0"})  # the others are served meanwhile
         rig.client.subscribe("devices/t03/telemetry")

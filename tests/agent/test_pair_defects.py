@@ -22,6 +22,7 @@ from tests.support.rig import ACTIVE, STANDBY, STEPPED_DOWN, Rig
 DUPLICATE = re.compile(r"another process .*instance id")
 WAITING = re.compile(r"waiting ([0-9.]+) s for the previous lease to end")
 PUBLISHED_AT_TAKEOVER = re.compile(r"published set point (\S+)")
+TOOK_OVER = re.compile(r"took over \d+ device|line open: ")
 
 
 def log_time(line: str) -> float:
@@ -244,3 +245,33 @@ def test_a_one_second_link_reset_keeps_the_role_and_the_change_made_meanwhile(ri
     standby.drain()
     assert not any(STEPPED_DOWN.search(line) for line in active.lines), active.lines
     assert not any(ACTIVE.search(line) for line in standby.lines)
+
+
+# ------------------------------------------------------------------ 7. a partition that heals
+
+
+def test_a_write_the_former_active_sent_into_a_partition_is_refused_when_it_heals(
+    rig: Rig,
+) -> None:
+    """The store fences a key by the token of its last write, not by the lock: a panel
+    change the active published into a black-holed link, delivered after the other instance
+    took over without writing that key, was once accepted, and the new active applied the
+    stale value to the controller as if it were a remote change."""
+    slow = {"AGENT_LOCK__TTL_MS": "3000", "AGENT_MQTT__REQUEST_TIMEOUT_S": "30"}
+    active, _ = rig.start_active("a", via_proxy=True, **slow)
+    standby = rig.start_agent("b", **slow)
+    standby.wait_for_new(STANDBY)
+    standby.signal(signal.SIGSTOP)  # contends again once the panel is back
+    rig.background.call(rig.proxies["a"].blackhole)
+    rig.panel(18.5)  # read by the active and published into the partition
+    active.wait_for_new(STEPPED_DOWN, timeout=10)
+    rig.panel(20.0)  # back before anyone drives the line again
+    standby.signal(signal.SIGCONT)
+    standby.wait_for_new(TOOK_OVER, timeout=15)
+    rig.background.call(rig.proxies["a"].set_pass)  # the held publish reaches the store
+    answer = active.wait_for_new(
+        re.compile(r"store refused our write of 18.5|published set point 18.5"), timeout=15
+    ).string
+    assert "refused" in answer, answer
+    assert rig.store_value() == b"20.0"
+    assert rig.device_writes() == []

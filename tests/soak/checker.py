@@ -194,6 +194,10 @@ class Checker:
                 if pending_remote is not None and abs(value - pending_remote[1]) < 1e-6:
                     pending_remote = None
             elif kind == "publish":
+                if store_holds is not None and abs(value - store_holds) < 1e-6:
+                    # The value the store holds, written back (a new active fencing the key
+                    # with its token): nothing changes, a pending remote change stays pending.
+                    continue
                 explained = (
                     (unpublished is not None and abs(value - unpublished[1]) < 1e-6)
                     or store_holds is None  # the store had lost it: published again
