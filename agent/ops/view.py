@@ -160,6 +160,8 @@ def _instance_row(
         role, state = own_role, str(doc.get("state") or "?")
     if name == holder:
         role = "active"
+    elif role == "active":
+        role = "active, no lock"  # it has not said otherwise yet, or it is wrong
     version = doc.get("version")
     summary = doc.get("summary")
     return InstanceRow(
