@@ -43,7 +43,7 @@ from agent.ops.watch import LineWatch, health_filter, lines_reported
 
 NAME = "agent status"
 CLEAR = "\x1b[H\x1b[2J"
-REDRAW_AT_MOST_S = 0.1
+REDRAW_AT_MOST_S = 0.25
 """Changes arriving together are shown together."""
 
 

@@ -148,7 +148,7 @@ def _instance_row(
 ) -> InstanceRow:  # fmt: skip
     sent = _number(doc.get("time"))
     heartbeat = _number(doc.get("heartbeat_s")) or 5.0
-    age = None if sent is None else max(0.0, now - sent)
+    age = None if sent is None else round(max(0.0, now - sent), 3)
     status = doc.get("status")
     up = status == "up" and age is not None and age <= STALE_HEARTBEATS * heartbeat + 1
     own_role = str(doc.get("role") or "?")
@@ -206,7 +206,7 @@ def _device_row(device: str, snapshot: DeviceSnapshot, holder: str | None, now: 
         temperature=_number(status.get("temperature")),
         in_sync=in_sync,
         last_sync=last_sync if isinstance(last_sync, str) else None,
-        last_sync_age_s=None if synced_at is None else max(0.0, now - synced_at),
+        last_sync_age_s=None if synced_at is None else round(max(0.0, now - synced_at), 3),
         availability=availability if isinstance(availability, str) else None,
         errors=counted,
         problem=problem,
@@ -221,7 +221,7 @@ def assess(snapshot: LineSnapshot, now: float) -> Report:
     ttl_ms = _number(holder_doc.get("ttl_ms")) or DEFAULT_TTL_MS
     lease = None
     if snapshot.lock_version is not None and holder is not None:
-        lease = max(0.0, (snapshot.lock_version.wall_ms + ttl_ms) / 1000 - now)
+        lease = round(max(0.0, (snapshot.lock_version.wall_ms + ttl_ms) / 1000 - now), 3)
     names = sorted(snapshot.health, key=lambda name: (name != holder, name))
     if holder is not None and holder not in snapshot.health:
         names.insert(0, holder)

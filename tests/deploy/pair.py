@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agent.client.lock import holder_instance
 from tests.deploy.gateways import (
     Gateway,
     GatewayError,
@@ -179,7 +180,8 @@ class LockWatch:
     def _take(self, at: float, line: str) -> None:
         parts = line.split(maxsplit=3)  # VERSION KIND KEY [VALUE]
         if len(parts) >= 3 and parts[1] in ("SET", "DELETE"):
-            holder = parts[3] if parts[1] == "SET" and len(parts) > 3 else ""
+            # The lock's value is the instance id and a nonce of its process: the instance.
+            holder = holder_instance(parts[3]) if parts[1] == "SET" and len(parts) > 3 else ""
             self.events.append(LockEvent(at, parts[1], holder))
 
     def mark(self) -> int:
@@ -382,7 +384,9 @@ class PairSite:
     # -- roles
 
     def holder(self, port: int | None = None) -> str | None:
-        return store_get(self.host, port or self.port, LOCK_KEY)
+        """The instance holding the lock (its value names the process too)."""
+        value = store_get(self.host, port or self.port, LOCK_KEY)
+        return None if value is None else holder_instance(value)
 
     def roles(self, timeout: float = 30) -> tuple[str, str]:
         """(active, standby): the lock's holder, and the other, whose agent is running."""
