@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 import signal
+from pathlib import Path
 
 from agent.protocol.hlc import Hlc
 from tests.ops.support import Topics, command, health_topic, status, wait_in_sync, wait_pair
 from tests.support.ports import free_port
 from tests.support.processes import AgentProcess
-from tests.support.rig import STANDBY, LineRig
+from tests.support.rig import DEVICE, STANDBY, LineRig, Rig
 
 LINE = LineRig.LINE
 
@@ -116,3 +117,41 @@ def test_watch_redraws_on_change_until_interrupted(line: LineRig, topics: Topics
         assert watch.proc.wait(10) == 6
     finally:
         watch.stop()
+
+
+def test_a_single_device_is_its_own_line(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    try:
+        rig.start_active("a")
+        rig.start_agent("b").wait_for_new(STANDBY)
+        topics = Topics(rig.port, "agents/#", f"devices/{DEVICE}/status")
+        try:
+            wait_pair(topics, DEVICE, "a", "b")
+            wait_in_sync(topics, [DEVICE])
+        finally:
+            topics.close()
+        code, document = status(rig, DEVICE)
+        (report,) = document["lines"]
+        assert code == 0 and report["line"] == DEVICE and report["holder"] == "a"
+        assert [d["device"] for d in report["devices"]] == [DEVICE]
+        moved = command(rig, "switchover", DEVICE)
+        assert moved.returncode == 0 and "from a to b" in moved.stdout, moved.stderr
+        assert command(rig, "pause", DEVICE).returncode == 0
+        assert status(rig, DEVICE)[0] == 6
+        assert command(rig, "resume", DEVICE).returncode == 0
+    finally:
+        rig.close()
+
+
+def test_simulate_shows_the_live_view() -> None:
+    simulation = AgentProcess(["--simulate", "--status", "--pair", "--units", "2"])
+    try:
+        simulation.wait_for_new(re.compile(r"\| a-standby +\| standby +\| running"), timeout=20)
+        simulation.wait_for(re.compile(r"\| floor-1-t02 \| 20\.0 +\| 20 "))
+        simulation.wait_for(re.compile(r"Status: ok \(exit 0\)"))
+        simulation.wait_for(re.compile(r"agent switchover floor-1"))  # what to try
+        simulation.wait_for(re.compile(r"Latest log lines:"))
+        simulation.signal(signal.SIGTERM)
+        assert simulation.proc.wait(15) == 0
+    finally:
+        simulation.stop()
