@@ -7,14 +7,19 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# Each module exposes register(subparsers); the parser it adds sets `func`, which takes the
-# parsed arguments and returns the exit code. Imported lazily so one part's import cost or
-# optional dependency never slows or breaks another subcommand.
+# Each module exposes register(subparsers) (or the function named after a colon); the
+# parser it adds sets `func`, which takes the parsed arguments and returns the exit code.
+# Imported lazily so one part's import cost or optional dependency never slows or breaks
+# another subcommand.
 SUBCOMMANDS = {
     "emulator": "agent.emulator.cli",
     "store": "agent.client.cli",
     "sim-device": "agent.controller.cli",
     "setpoint": "agent.ops.setpoint_cli",
+    "status": "agent.ops.status_cli",
+    "switchover": "agent.ops.switchover_cli",
+    "pause": "agent.ops.pause_cli:register_pause",
+    "resume": "agent.ops.pause_cli:register_resume",
 }
 
 EXIT_USAGE = 2
@@ -31,7 +36,8 @@ def build_parser(only: str) -> argparse.ArgumentParser:
         if name != only:
             subparsers.add_parser(name, help=f"see `agent {name} --help`")
             continue
-        importlib.import_module(module_name).register(subparsers)
+        module, _, function = module_name.partition(":")
+        getattr(importlib.import_module(module), function or "register")(subparsers)
     return parser
 
 

@@ -374,6 +374,67 @@ class TelemetrySettings(BaseModel):
         return value
 
 
+class HealthSettings(BaseModel):
+    """What each instance says about itself and its devices, for monitoring and `agent status`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topic: str = Field(
+        default="agents/{line}/{instance}/health",
+        description='Each instance\'s retained health message ({"status":"up",...}), '
+        "with a Last Will saying down; {line} and {instance} are replaced.",
+    )
+    device_topic: str = Field(
+        default="devices/{device}/status",
+        description="Each device's retained status, published by the active; {device} is replaced.",
+    )
+    availability_topic: str = Field(
+        default="devices/{device}/availability",
+        description="Each device's retained availability (online or offline), published by "
+        "the active; {device} is replaced.",
+    )
+    interval_s: Annotated[float, Field(gt=0, le=3600)] = Field(
+        default=5.0,
+        description="How often the health message is published again (a heartbeat); the "
+        "device statuses follow changes, at most once a second each, and every interval.",
+    )
+    host: str = Field(
+        default="127.0.0.1", description="Address the HTTP health endpoint listens on."
+    )
+    port: Annotated[int, Field(ge=0, le=65535)] | None = Field(
+        default=None,
+        description="Port of the HTTP health endpoint (/health, /leader, /replica, ...); "
+        "not set: no endpoint; 0: any free port (logged).",
+    )
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _no_port(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("topic", "device_topic", "availability_topic")
+    @classmethod
+    def _valid_topic(cls, value: str) -> str:
+        if not value or "+" in value or "#" in value:
+            raise ValueError("must be a topic name without wildcards")
+        try:
+            value.format(device="d", line="l", instance="i")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"only {{device}}, {{line}} and {{instance}} may be substituted ({exc})"
+            ) from None
+        return value
+
+    def instance_topic(self, line: str, instance: str) -> str:
+        return self.topic.format(line=line, instance=instance, device=line)
+
+    def device_status_topic(self, device: str, line: str) -> str:
+        return self.device_topic.format(device=device, line=line, instance="")
+
+    def device_availability_topic(self, device: str, line: str) -> str:
+        return self.availability_topic.format(device=device, line=line, instance="")
+
+
 class KeySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -387,11 +448,20 @@ class KeySettings(BaseModel):
         description="Key naming a device's line, for writers who know only the device.",
     )
     lock: str = Field(default="{line}\\lock", description="Key of the pair's lock, one per line.")
+    paused: str = Field(
+        default="{line}\\paused",
+        description="Key that pauses a line while it exists (agent pause / agent resume).",
+    )
+    switchover: str = Field(
+        default="{line}\\switchover",
+        description="Key of a planned handover's request (agent switchover).",
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> Self:
         per_device = ("setpoint", "synced", "line")
-        for name in (*per_device, "lock"):
+        per_line = ("lock", "paused", "switchover")
+        for name in (*per_device, *per_line):
             try:
                 getattr(self, name).format(device="d", line="l")
             except (KeyError, IndexError, ValueError):
@@ -401,14 +471,22 @@ class KeySettings(BaseModel):
         for name in per_device:
             if "{device}" not in getattr(self, name):
                 raise ValueError(f"keys.{name} must contain {{device}}: one key per device")
-        names = (*per_device, "lock")
+        names = (*per_device, *per_line)
         if len({getattr(self, name) for name in names}) < len(names):
-            raise ValueError("keys.setpoint, keys.synced, keys.line and keys.lock must differ")
+            raise ValueError(
+                "keys.setpoint, keys.synced, keys.line, keys.lock, keys.paused and "
+                "keys.switchover must differ"
+            )
         return self
 
     def of(self, name: str, *, device: str, line: str) -> str:
         template: str = getattr(self, name)
         return template.format(device=device, line=line)
+
+    def of_line(self, name: str, line: str) -> str:
+        """A line's key: `lock`, `paused` or `switchover` ({device} is the line's id too, as
+        for a single device that is its own line)."""
+        return self.of(name, device=line, line=line)
 
 
 # The credential files (systemd LoadCredential=) and the secret each one holds.
@@ -565,6 +643,7 @@ class AgentSettings(BaseSettings):
     serial: SerialSettings = Field(default_factory=SerialSettings)
     lock: LockSettings = Field(default_factory=LockSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
     _line: Line | None = PrivateAttr(default=None)
 
     @classmethod

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the agent on this gateway from a source checkout, or upgrades it in place.
 #
-#   sudo deploy/install.sh [--device ID [--enable]] [--package SPEC] [--python PYTHON]
+#   sudo deploy/install.sh [--line ID [--enable]] [--package SPEC] [--python PYTHON]
 #   deploy/install.sh --root DIR ...     (everything under DIR; no systemctl, no user)
 #
-#   --device ID    also create /etc/agent/ID.env from the example (an existing one is kept)
-#   --enable       with --device: systemctl enable --now agent@ID (edit the env file first!)
+#   --line ID      also create /etc/agent/ID.env for the line ID from the example (a bus of
+#                  devices ID-t01@1 ... to edit; an existing file is kept)
+#   --device ID    the same for a single device on a line of its own, named ID
+#   --enable       with --line or --device: systemctl enable --now agent@ID (edit first!)
 #   --package SPEC what to install: default this checkout; or a wheel, or "agent==X.Y"
 #   --python PATH  the Python to build on (default /usr/bin/python3, 3.11 or newer)
 #   --root DIR     install into DIR as if it were /, for images and tests
@@ -21,21 +23,22 @@ die() { echo "install.sh: $*" >&2; exit 1; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 checkout=$(dirname "$here")
 prefix=/opt/agent
-root="" device="" enable=0 package="" python=/usr/bin/python3
+root="" line="" single=0 enable=0 package="" python=/usr/bin/python3
 
 while [ $# -gt 0 ]; do
     case "$1" in
-        --root|--device|--package|--python)
+        --root|--line|--device|--package|--python)
             [ $# -ge 2 ] || die "$1 needs a value"
             case "$1" in
                 --root) root=$2 ;;
-                --device) device=$2 ;;
+                --line) line=$2; single=0 ;;
+                --device) line=$2; single=1 ;;
                 --package) package=$2 ;;
                 --python) python=$2 ;;
             esac
             shift 2 ;;
         --enable) enable=1; shift ;;
-        -h|--help) sed -n '2,18s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;
     esac
 done
@@ -45,10 +48,11 @@ if [ -n "$root" ]; then
     root=$(cd "$root" && pwd)
     [ "$root" != / ] || root=""
 fi
-if [ -n "$device" ] && ! [[ $device =~ ^[A-Za-z0-9][A-Za-z0-9._:-]*$ ]]; then
-    die "device id '$device': use letters, digits and . _ : - (starting with a letter or digit)"
+what=$([ "$single" = 1 ] && echo device || echo line)
+if [ -n "$line" ] && ! [[ $line =~ ^[A-Za-z0-9][A-Za-z0-9._:-]*$ ]]; then
+    die "$what id '$line': use letters, digits and . _ : - (starting with a letter or digit)"
 fi
-[ "$enable" = 0 ] || [ -n "$device" ] || die "--enable needs --device"
+[ "$enable" = 0 ] || [ -n "$line" ] || die "--enable needs --line or --device"
 if [ -z "$package" ]; then
     [ -f "$checkout/pyproject.toml" ] || die "no checkout at $checkout: use --package"
     package=$checkout
@@ -82,14 +86,20 @@ install -d -m 0700 "$root/etc/credstore"
 install -D -m 0644 "$here/99-agent-serial.rules" "$root$prefix/share/99-agent-serial.rules"
 install -D -m 0755 "$here/uninstall.sh" "$root$prefix/share/uninstall.sh"
 
-# 3. The device's env file: the example, made about this device. Never overwritten.
-if [ -n "$device" ]; then
-    env_file="$root/etc/agent/$device.env"
+# 3. The line's env file: the example, made about this line (or this single device). Never
+#    overwritten.
+if [ -n "$line" ]; then
+    env_file="$root/etc/agent/$line.env"
     if [ -e "$env_file" ]; then
         echo "keeping $env_file"
-    else
-        (umask 077 && sed "s/thermostat-1/$device/g" "$here/agent.env.example" >"$env_file")
+    elif [ "$single" = 1 ]; then
+        (umask 077 && sed -e 's/^AGENT_DEVICES=/#AGENT_DEVICES=/' \
+            -e "s/^#AGENT_DEVICE_ID=thermostat-1\$/AGENT_DEVICE_ID=$line/" \
+            -e "s/floor3/$line/g" "$here/agent.env.example" >"$env_file")
         echo "created $env_file: set the broker and the serial line in it"
+    else
+        (umask 077 && sed "s/floor3/$line/g" "$here/agent.env.example" >"$env_file")
+        echo "created $env_file: set the broker, the serial line and its devices in it"
     fi
 fi
 
@@ -104,9 +114,9 @@ systemd-sysusers /etc/sysusers.d/agent.conf
 systemctl daemon-reload
 systemctl try-restart 'agent@*.service' || echo "install.sh: an agent did not restart: see systemctl --failed" >&2
 if [ "$enable" = 1 ]; then
-    systemctl enable --now "agent@$device.service"
-    systemctl --no-pager status "agent@$device.service" || true
-elif [ -n "$device" ]; then
-    echo "then: systemctl enable --now agent@$device"
+    systemctl enable --now "agent@$line.service"
+    systemctl --no-pager status "agent@$line.service" || true
+elif [ -n "$line" ]; then
+    echo "then: systemctl enable --now agent@$line"
 fi
 echo "installed: $("$prefix/venv/bin/python" -c 'from importlib.metadata import version; print("agent", version("agent"))')"

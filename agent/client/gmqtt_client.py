@@ -102,13 +102,14 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
         on_lost: Callable[[int | None], None],
         on_downgrade: Callable[[], None],
         on_transport_error: Callable[[BaseException], None] = lambda exc: None,
+        will: Message | None = None,
     ) -> None:
         connect_properties: dict[str, Any] = {}
         if credentials.auth_method is not None:
             connect_properties["auth_method"] = credentials.auth_method
             if credentials.auth_data is not None:
                 connect_properties["auth_data"] = credentials.auth_data
-        super().__init__(client_id, **connect_properties)
+        super().__init__(client_id, will_message=_will_message(will), **connect_properties)
         self._token_auth = credentials.auth_method is not None
         if credentials.username is not None:
             self.set_auth_credentials(credentials.username, credentials.password)
@@ -228,6 +229,23 @@ def outgoing(
     if user_properties:
         properties["user_property"] = user_properties
     return gmqtt.Message(topic, payload, qos=qos, retain=retain, **properties)
+
+
+def _will_message(will: Message | None) -> OutgoingMessage | None:
+    """The Last Will as gmqtt sends it in CONNECT (its properties: content type, expiry)."""
+    if will is None:
+        return None
+    return outgoing(
+        will.topic,
+        will.payload,
+        qos=will.qos,
+        retain=will.retain,
+        response_topic=None,
+        correlation_data=None,
+        content_type=will.content_type,
+        message_expiry_interval=will.message_expiry_interval,
+        user_properties=list(will.user_properties),
+    )
 
 
 # --- gmqtt's callbacks, turned into the session's --------------------------------------------

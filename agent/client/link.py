@@ -117,6 +117,7 @@ async def open_link(
     ssl_context: ssl.SSLContext | None,
     *,
     connect_timeout: float,
+    will: Message | None = None,
     on_message: Callable[[Link, Message, list[int]], None],
     on_undecodable: Callable[[Link], None],
     on_lost: Callable[[Link, int | None], None],
@@ -146,6 +147,7 @@ async def open_link(
         on_lost=lambda reason: on_lost(link, reason),
         on_downgrade=refused_v5,
         on_transport_error=link.ended_with,
+        will=will,
     )
     link.client = client
     connect = asyncio.ensure_future(

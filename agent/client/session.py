@@ -112,8 +112,14 @@ class Session:
         logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
         rng: random.Random | None = None,
         handler_queue_limit: int = DEFAULT_QUEUE_LIMIT,
+        will: Message | None = None,
     ) -> None:
+        """``will``: the Last Will the broker publishes when a connection ends without a
+        DISCONNECT (a crash, a lost network), sent in every CONNECT."""
         self._settings = settings
+        if will is not None:
+            validate_topic_name(will.topic)
+        self._will = will
         if client_id is None:
             # Unique per instance even when nothing better is known; the agent passes one
             # derived from its device and instance ids.
@@ -679,6 +685,7 @@ class Session:
             credentials,
             self._ssl,
             connect_timeout=connect_timeout,
+            will=self._will,
             on_message=self._on_message,
             on_undecodable=self._on_undecodable,
             on_lost=self._link_lost,

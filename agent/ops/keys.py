@@ -15,18 +15,19 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.client.errors import FencingTokenLowerVersion
 from agent.client.statestore import SetResult, StateStoreClient
-from agent.config import ENV_NESTED_DELIMITER, ENV_PREFIX, KeySettings
+from agent.config import ENV_NESTED_DELIMITER, ENV_PREFIX, HealthSettings, KeySettings
 from agent.protocol.hlc import Hlc
 
 
 class KeyTemplates(BaseSettings):
-    """The key templates from the environment, as the agent reads them."""
+    """The key templates and health topics from the environment, as the agent reads them."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="ignore"
     )
 
     keys: KeySettings = Field(default_factory=KeySettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
 
 
 class NoLine(LookupError):
@@ -78,3 +79,13 @@ async def fenced_set(
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def line_of(client: StateStoreClient, target: str, keys: KeySettings) -> tuple[str, bool]:
+    """The line a line or device id names, and whether it was a device: a device names its
+    line in `<device>\\line`; anything else is taken as a line's id (with the single-device
+    configuration the line is the device, and names itself)."""
+    value, _ = await client.get(keys.of("line", device=target, line=target))
+    if value is None:
+        return target, False
+    return value.decode(errors="replace"), True

@@ -71,6 +71,9 @@ class Leadership:
         self._contender: asyncio.Future[Any] | None = None
         self._duplicates_reported: set[bytes] = set()
         self.active_event = asyncio.Event()  # set while active, for tests and --simulate
+        # Asked before every contention: True while this instance leaves the lock to
+        # another (a switchover in progress, see agent.runtime.control).
+        self.hold_off: Callable[[], bool] = lambda: False
 
     # ------------------------------------------------------------------ state
 
@@ -121,7 +124,7 @@ class Leadership:
     # ------------------------------------------------------------------ contending
 
     async def contend(self) -> None:
-        if self.role is not Role.STANDBY or self.lock.held:
+        if self.role is not Role.STANDBY or self.lock.held or self.hold_off():
             return
         try:
             token = await self.lock.try_acquire(self.ttl_ms)
@@ -171,6 +174,26 @@ class Leadership:
         async with self._role_change:
             await self._step_down_line(reason)
         await self.contend()
+
+    async def hand_over(self, reason: str, drain: Callable[[], Awaitable[None]]) -> bool:
+        """A planned handover: stops driving, lets `drain` wait for the work in progress
+        (a write on the line finishes), releases the lock at once (a standby takes it on
+        the DELETE), then closes the line. False if this instance was not active."""
+        if self.role is not Role.ACTIVE:
+            return False
+        self.role = Role.STANDBY  # writes stop first: may_drive() is false from here on
+        self._active_epoch = None
+        self.active_event.clear()
+        log.info("handing over: %s", reason)
+        await drain()
+        for renewal in self._renewals:
+            renewal.cancel()
+        await asyncio.gather(*self._renewals, return_exceptions=True)
+        await self.release()
+        self.session.set_reconnect_ceiling(None)
+        async with self._role_change:  # after a takeover still in progress, if any
+            await self._step_down_line(reason)
+        return True
 
     # ------------------------------------------------------------------ the lease
 

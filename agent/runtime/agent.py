@@ -28,9 +28,13 @@ from agent.config import AgentSettings
 from agent.controller.driver import Driver, PortClaim, PortTaken, is_device_path
 from agent.controller.interface import ControllerState
 from agent.line.bus import Bus
+from agent.ops.control import SwitchoverRequest
 from agent.pair.leadership import Leadership, Role
 from agent.runtime import telemetry
 from agent.runtime.clock_guard import ClockStepDetector
+from agent.runtime.control import LineControl
+from agent.runtime.health import Health
+from agent.runtime.health_http import HealthEndpoint
 from agent.runtime.line import make_driver, make_units, warn_about, write_intervals
 from agent.runtime.notify import Notifier
 from agent.sync.decisions import same
@@ -68,6 +72,10 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._clock_task: asyncio.Task[None] | None = None
         self._line_stats: tuple[float, int] | None = None  # (when, transactions) last telemetry
+        self.control: LineControl | None = None  # pause and switchover (agent.runtime.control)
+        self.health = Health(self, self.notifier.status)
+        self._endpoint: HealthEndpoint | None = None
+        self._line_lock = asyncio.Lock()  # the line opened, closed, paused: one at a time
 
     # ------------------------------------------------------------------ state
 
@@ -85,7 +93,8 @@ class Agent:
         return {"role": self.role.value, "token": None if token is None else str(token)}
 
     def may_write(self) -> bool:
-        return self.leadership is not None and self.leadership.may_drive()
+        paused = self.control is not None and self.control.paused
+        return self.leadership is not None and self.leadership.may_drive() and not paused
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -108,7 +117,7 @@ class Agent:
         warn_about(s, self._driver)
         self.notifier.status("connecting to the broker")
         try:
-            self.session = Session(s.mqtt, client_id=s.client_id)
+            self.session = Session(s.mqtt, client_id=s.client_id, will=self.health.will())
         except TlsSetupFailed as exc:  # a CA that is not PEM, a wrong key password, ...
             log.error("invalid setting AGENT_MQTT__TLS (mqtt.tls): %s", exc)
             return EXIT_CONFIG
@@ -132,6 +141,17 @@ class Agent:
             step_down=self._step_down_line,
             spawn=self._spawn,
         )
+        self.control = LineControl(
+            self.client,
+            paused_key=s.keys.of_line("paused", self.line.id),
+            switchover_key=s.keys.of_line("switchover", self.line.id),
+            instance_id=s.instance_id,
+            holder=self.leadership.holder,
+            grace_s=s.lock.ttl_ms / 1000,
+            on_pause=lambda: self._spawn(self._follow_pause()),
+            on_switchover=self._on_switchover,
+        )
+        self.leadership.hold_off = self.control.hold_off
         for device in self.line.devices:
             self.devices[device.id] = DeviceSync(
                 device.id,
@@ -163,6 +183,8 @@ class Agent:
             self.notifier.ready(self._status_words())
             log.info("started as %s", self.role.value)
             self._add_periodic_jobs()
+            self._spawn(self.health.run())
+            await self._start_endpoint()
             if self.notifier.watchdog_interval_s:
                 self._spawn(self._watchdog(self.notifier.watchdog_interval_s))
             await stop.wait()
@@ -206,6 +228,8 @@ class Agent:
                 await self.client.start()
                 # The lock before the records: see Leadership.store_kept_its_contents.
                 holder = await self.leadership.watch()
+                assert self.control is not None
+                await self.control.watch()
                 any_record = False
                 for device_id, sync in list(self.devices.items()):
                     record = await self._watch_device(device_id, sync)
@@ -250,6 +274,7 @@ class Agent:
             )
             return None
         sync.follow_setpoint(value, version)
+        self.health.store_seen(device_id, value, version)
         try:
             record, _ = await self.client.observe(
                 sync.keys.record, functools.partial(self._on_record, device_id)
@@ -284,10 +309,14 @@ class Agent:
         # Released before the line is closed: closing can take a while (pyserial's close
         # of a socket:// port sleeps), and the standby should not wait for it.
         if was_active and self.leadership is not None:
+            await self.health.going_offline()
             await self.leadership.release()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.health.stopped()
+        if self._endpoint is not None:
+            await self._endpoint.close()
         await self._close_line()
         if self.client is not None:
             await self.client.close()
@@ -300,7 +329,16 @@ class Agent:
     # ------------------------------------------------------------------ driving the line
 
     async def _take_over_line(self) -> None:
-        """Opens the line and reconciles every device on it, as the new active."""
+        """Opens the line and reconciles every device on it, as the new active; a paused
+        line stays closed until it is resumed."""
+        async with self._line_lock:
+            if self.control is not None and self.control.paused:
+                log.info("the line is paused: it stays closed until resumed")
+            else:
+                await self._open_line()
+        self._role_changed()
+
+    async def _open_line(self) -> None:
         assert self._driver is not None
         self.bus = Bus(
             self._driver,
@@ -322,15 +360,55 @@ class Agent:
         for sync in self.devices.values():
             sync.start()
         log.info(
-            "took over %d device(s) in %.0f ms",
+            "line open: %d device(s) reconciled in %.0f ms",
             len(self.devices),
             (time.monotonic() - started) * 1000,
         )
-        self.notifier.status(self._status_words())
 
     async def _step_down_line(self, reason: str) -> None:
-        await self._close_line()
-        self.notifier.status(self._status_words())
+        async with self._line_lock:
+            await self._close_line()
+        self._role_changed()
+
+    def _role_changed(self) -> None:
+        self.health.poke()
+
+    # ------------------------------------------------------------------ operator requests
+
+    async def _follow_pause(self) -> None:
+        """Paused: the line closed (a transaction on it finishes first), the lock kept.
+        Resumed: the active opens the line and reconciles every device."""
+        assert self.control is not None
+        async with self._line_lock:
+            pause = self.control.pause
+            if pause is not None:
+                closing = "the line is closed" if self.bus is not None else "the line stays closed"
+                log.info("line paused (%s): %s, nothing is written", pause.describe(), closing)
+                await self._close_line()
+            elif self.role is Role.ACTIVE and self.bus is None and self.may_write():
+                log.info("line resumed: reconciling every device")
+                await self._open_line()
+            else:
+                log.info("line resumed")
+        self._role_changed()
+
+    def _on_switchover(self, request: SwitchoverRequest) -> None:
+        if self.role is Role.ACTIVE:
+            self._spawn(self._switch_over(request))
+
+    async def _switch_over(self, request: SwitchoverRequest) -> None:
+        assert self.leadership is not None and self.control is not None
+        self.control.stand_aside()
+        reason = f"switchover to {request.to or 'a standby'} requested by {request.by or '?'}"
+        if await self.leadership.hand_over(reason, self._wait_for_operations):
+            self._role_changed()
+
+    async def _wait_for_operations(self) -> None:
+        """Waits (5 s at most) for each device's operation in progress, a write on the line
+        included: with may_write() false, reconcile() only waits for its turn."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                await asyncio.gather(*(sync.reconcile() for sync in self.devices.values()))
 
     async def _close_line(self) -> None:
         for sync in self.devices.values():
@@ -358,6 +436,7 @@ class Agent:
     # ------------------------------------------------------------------ store events
 
     async def _on_setpoint(self, device_id: str, change: KeyChange) -> None:
+        self.health.store_seen(device_id, change.value, change.version)
         sync = self.devices[device_id]
         if self.role is Role.ACTIVE and sync.controller is not None:
             sync.remote_changed(change)
@@ -371,6 +450,7 @@ class Agent:
     async def _on_reconnect(self) -> None:
         log.info("reconnected to the broker")
         assert self.leadership is not None
+        self.health.reconnected()
         self.leadership.lost_sight()
         if self.role is Role.ACTIVE:
             self._spawn(self._confirm_then_reconcile())
@@ -557,9 +637,22 @@ class Agent:
             await asyncio.sleep(interval)
 
     def _status_words(self) -> str:
-        if self.line.single:
-            return f"{self.role.value} for {self.line.id}"
-        return f"{self.role.value} for line {self.line.id} ({len(self.devices)} devices)"
+        return self.health.words()
+
+    async def _start_endpoint(self) -> None:
+        settings = self.settings.health
+        if settings.port is None:
+            return
+        endpoint = HealthEndpoint(settings.host, settings.port, self.health.instance_document)
+        try:
+            host, port = await endpoint.start()
+        except OSError as exc:
+            log.error(
+                "health endpoint: cannot listen on %s:%d: %s", settings.host, settings.port, exc
+            )
+            return
+        self._endpoint = endpoint
+        log.info("health endpoint at http://%s:%d/health", host, port)
 
     def _spawn(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(work)

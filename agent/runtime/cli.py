@@ -86,6 +86,12 @@ def build_parser(subcommands: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     parser.add_argument("--pair", action="store_true", help="with --simulate: add a standby")
     parser.add_argument(
+        "--status",
+        action="store_true",
+        help="with --simulate: show the line's status (agent status --watch) redrawn in "
+        "place, with the latest log lines, instead of the log",
+    )
+    parser.add_argument(
         "--units",
         type=int,
         default=0,
@@ -177,8 +183,8 @@ class ConfigError(Exception):
 def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
     parser = build_parser(subcommands)
     args = parser.parse_args(argv)
-    if (args.pair or args.units) and not args.simulate:
-        parser.error("--pair and --units work with --simulate")
+    if (args.pair or args.units or args.status) and not args.simulate:
+        parser.error("--pair, --units and --status work with --simulate")
     if not 0 <= args.units <= 247:
         parser.error("--units: a line has 1 to 247 addresses")
     if args.env_file is not None and not args.env_file.is_file():
@@ -200,7 +206,9 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
         from agent.runtime.simulate import simulate
 
         broker_configured = _configured("AGENT_MQTT__HOST", _flag_settings(args), "mqtt", "host")
-        return asyncio.run(simulate(settings, pair=args.pair, use_broker=broker_configured))
+        return asyncio.run(
+            simulate(settings, pair=args.pair, use_broker=broker_configured, status=args.status)
+        )
     return asyncio.run(_run(settings))
 
 

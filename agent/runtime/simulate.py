@@ -2,7 +2,8 @@
 
 A fake line (on TCP, as a serial device server would share it with a pair): one controller,
 or with `--units N` a whole multi-drop line of them; an embedded state store unless a broker
-is configured; and the agent (two with --pair).
+is configured; and the agent (two with --pair). With `--status`, the line's status redrawn
+in place (agent.runtime.simulate_view) instead of the log.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import asyncio
 import signal
 import sys
 
-from agent.config import AgentSettings
+from agent.config import AgentSettings, HealthSettings
 from agent.controller.fake_line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
 from agent.runtime.agent import Agent
 
 
-async def simulate(settings: AgentSettings, *, pair: bool, use_broker: bool) -> int:
+async def simulate(
+    settings: AgentSettings, *, pair: bool, use_broker: bool, status: bool = False
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -35,6 +38,10 @@ async def simulate(settings: AgentSettings, *, pair: bool, use_broker: bool) -> 
     await device.start(tcp_port=0, panel_port=0)
     serial = settings.serial.model_copy(update={"url": device.tcp_url})
     settings = settings.model_copy(update={"serial": serial})
+    if status and settings.health.interval_s == HealthSettings().interval_s:
+        # The temperatures move in the view every second, not every heartbeat.
+        health = settings.health.model_copy(update={"interval_s": 1.0})
+        settings = settings.model_copy(update={"health": health})
     instances = [settings]
     if pair:
         other = settings.model_copy(update={"instance_id": settings.instance_id + "-standby"})
@@ -48,25 +55,34 @@ async def simulate(settings: AgentSettings, *, pair: bool, use_broker: bool) -> 
     devices = ", ".join(
         d.id if d.address is None else f"{d.id} (@{d.address})" for d in settings.line.devices
     )
-    print(
-        f"state store  mqtt://{host}:{port}"
-        + (" (embedded)" if emulator is not None else "")
-        + f"\nline         {settings.line.id}: {devices}"
-        + f"\nfront panel  {device.panel_url}"
-        + f"\ndevice line  {device.tcp_url}"
-        + "\n\nChange a set point from another terminal, in the store:"
-        + f"\n  export AGENT_MQTT__HOST={host} AGENT_MQTT__PORT={port}"
-        + f"\n  agent setpoint set {first.id} 22.5 --wait 5"
-        + "\nor at the device's front panel:"
-        + f"\n  printf '{at}PANEL SP 23.5\\r\\n' > /dev/tcp/{panel_host}/{panel_port}"
-        + "\nWatch the store:"
-        + f"\n  agent store watch '{key}'"
-        + "\nStop with Ctrl-C.\n",
-        flush=True,
-    )
+    line = settings.line.id
+    hints = [
+        f"state store  mqtt://{host}:{port}" + (" (embedded)" if emulator is not None else ""),
+        f"line         {line}: {devices}",
+        f"front panel  {device.panel_url}",
+        f"device line  {device.tcp_url}",
+        "",
+        "From another terminal: change a set point in the store,",
+        f"  export AGENT_MQTT__HOST={host} AGENT_MQTT__PORT={port}",
+        f"  agent setpoint set {first.id} 22.5 --wait 5",
+        "or at the device's front panel:",
+        f"  printf '{at}PANEL SP 23.5\\r\\n' > /dev/tcp/{panel_host}/{panel_port}",
+        f"watch the pair: agent status {line} --watch; or the store: agent store watch '{key}'",
+        f"hand over: agent switchover {line}; maintenance: agent pause {line}, agent resume",
+        "Stop with Ctrl-C.",
+    ]
+    if not status:
+        print("\n".join(hints) + "\n", flush=True)
     try:
         agents = [Agent(s) for s in instances]
-        results = await asyncio.gather(*(a.run(stop) for a in agents))
+        runs = [a.run(stop) for a in agents]
+        if status:
+            from agent.runtime.simulate_view import capture_logs, status_view
+
+            view = status_view(settings, hints, capture_logs(), stop)
+            results = (await asyncio.gather(*runs, view))[: len(agents)]
+        else:
+            results = await asyncio.gather(*runs)
     finally:
         await device.stop()
         if emulator is not None:

@@ -144,7 +144,7 @@ def test_ready_only_after_connected_and_role_decided(
 
     rig.broker_up()
     ready = notify.wait_for(is_ready)
-    assert ready.fields["STATUS"] == f"active for {DEVICE}"
+    assert ready.fields["STATUS"] == f"active for {DEVICE}: in sync"
     agent.wait_for_new(ACTIVE)  # logged before READY was sent
     agent.wait_for_new(re.compile("started as active"))
 
@@ -188,7 +188,7 @@ async def test_stalled_event_loop_stops_the_watchdog_pings(
     running = asyncio.create_task(Agent(settings, notifier=notifier).run(stop))
     try:
         ready = await asyncio.to_thread(notify.wait_for, is_ready)
-        assert ready.fields["STATUS"] == f"active for {DEVICE}"
+        assert ready.fields["STATUS"] == f"active for {DEVICE}: in sync"
         await asyncio.to_thread(notify.wait_for, lambda n: is_ping(n) and n.at > ready.at)
         await asyncio.to_thread(notify.wait_for, lambda n: is_ping(n) and n.at > ready.at + 0.2)
 

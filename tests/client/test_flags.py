@@ -295,6 +295,14 @@ def agent_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
         "--telemetry-topic": ("plant/{device}/t", "plant/{device}/t"),
         "--telemetry-jitter-s": ("0.5", 0.5),
         "--telemetry-line-topic": ("plant/{line}/t", "plant/{line}/t"),
+        "--keys-paused": ("{line}/pz", "{line}/pz"),
+        "--keys-switchover": ("{line}/so", "{line}/so"),
+        "--health-topic": ("plant/{line}/{instance}/h", "plant/{line}/{instance}/h"),
+        "--health-device-topic": ("plant/{device}/s", "plant/{device}/s"),
+        "--health-availability-topic": ("plant/{device}/a", "plant/{device}/a"),
+        "--health-interval-s": ("2", 2.0),
+        "--health-host": ("0.0.0.0", "0.0.0.0"),
+        "--health-port": ("8008", 8008),
     }
 
 

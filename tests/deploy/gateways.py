@@ -626,11 +626,11 @@ def pair_inventory(
     *,
     side_a: str,
     side_b: str,
-    devices: list[dict[str, Any]],
+    lines: list[dict[str, Any]],
     settings: dict[str, Any],
     extra_vars: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One pair: `side_a` and `side_b` serve `devices` (the layout of inventory.example.yml)."""
+    """One pair: `side_a` and `side_b` serve `lines` (the layout of inventory.example.yml)."""
     hosts = {
         name: {**gateways.connection_vars(name), "agent_instance_id": name}
         for name in (side_a, side_b)
@@ -640,7 +640,7 @@ def pair_inventory(
             "children": {
                 "agent_gateways": {
                     "vars": {"agent_settings": settings, **(extra_vars or {})},
-                    "children": {"pair_test": {"vars": {"agent_devices": devices}, "hosts": hosts}},
+                    "children": {"pair_test": {"vars": {"agent_lines": lines}, "hosts": hosts}},
                 },
                 "agent_side_a": {"hosts": {side_a: {}}},
                 "agent_side_b": {"hosts": {side_b: {}}},

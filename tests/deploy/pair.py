@@ -1,16 +1,20 @@
-"""A pair of booted gateways serving one device, as the tests and benchmarks use it.
+"""A pair of booted gateways serving one line of eight devices, as the tests and benchmarks
+use it.
 
 - `build_packages`: this checkout's Debian package and the next version's.
 - `HostProcess`, `start_emulator`, `start_device`: the state store (``agent emulator``) and the
-  device (``agent sim-device``) on the host, which the gateways reach over the loopback.
+  line (``agent sim-device --units 8``) on the host, which the gateways reach over the loopback.
 - `LockWatch`: ``agent store watch`` of the lock key, every change stamped on arrival.
 - `PairSite`: all of it together: gw1 (side a) and gw2 (side b) deployed with the playbook,
-  and the measured events (takeover after a kill, handover on stop, an upgrade).
+  the operator commands (``agent status``, ``switchover``, ``pause``, ``resume``) run from the
+  host, and the measured events (takeover after a kill, handover on stop, a switchover, an
+  upgrade).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -24,8 +28,9 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from agent.client.lock import holder_instance
 from tests.deploy.gateways import (
     Gateway,
     GatewayError,
@@ -138,9 +143,11 @@ def start_emulator(log: Path | None = None) -> tuple[HostProcess, str, int]:
     return emulator, match.group(1), int(match.group(2))
 
 
-def start_device(log: Path | None = None) -> tuple[HostProcess, str, int]:
-    """``agent sim-device --tcp 0 --panel 0``: the process, its socket:// URL, its panel port."""
-    device = HostProcess(["sim-device", "--tcp", "0", "--panel", "0"], log=log)
+def start_device(log: Path | None = None, units: int = 8) -> tuple[HostProcess, str, int]:
+    """``agent sim-device --units N --tcp 0 --panel 0``: the process, its socket:// URL, its
+    panel port."""
+    args = ["sim-device", "--units", str(units), "--tcp", "0", "--panel", "0"]
+    device = HostProcess(args, log=log)
     match = device.wait_for(r"device (socket://\S+) panel tcp://[^:\s]+:(\d+)")
     return device, match.group(1), int(match.group(2))
 
@@ -173,7 +180,8 @@ class LockWatch:
     def _take(self, at: float, line: str) -> None:
         parts = line.split(maxsplit=3)  # VERSION KIND KEY [VALUE]
         if len(parts) >= 3 and parts[1] in ("SET", "DELETE"):
-            holder = parts[3] if parts[1] == "SET" and len(parts) > 3 else ""
+            # The lock's value is the instance id and a nonce of its process: the instance.
+            holder = holder_instance(parts[3]) if parts[1] == "SET" and len(parts) > 3 else ""
             self.events.append(LockEvent(at, parts[1], holder))
 
     def mark(self) -> int:
@@ -204,15 +212,22 @@ def lock_watch(host: str, port: int, key: str) -> Iterator[LockWatch]:
         watch.close()
 
 
-def store_get(host: str, port: int, key: str) -> str | None:
-    """`agent store get KEY`: the value, or None when the key is absent."""
+def host_command(
+    host: str, port: int, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`agent ARGS` on the host, against the store at host:port (an operator's machine)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}
-    result = _run(
-        [sys.executable, "-m", "agent", "store", "get", key, "--host", host, "--port", str(port)],
+    return _run(
+        [sys.executable, "-m", "agent", *args, "--host", host, "--port", str(port)],
         check=False,
         env=env,
-        timeout=30,
+        timeout=timeout,
     )
+
+
+def store_get(host: str, port: int, key: str) -> str | None:
+    """`agent store get KEY`: the value, or None when the key is absent."""
+    result = host_command(host, port, "store", "get", key, timeout=30)
     if result.returncode == 1:
         return None
     if result.returncode != 0:
@@ -223,9 +238,12 @@ def store_get(host: str, port: int, key: str) -> str | None:
 # --------------------------------------------------------------------------- a pair
 
 
-DEVICE = "thermostat-1"
-UNIT = f"agent@{DEVICE}.service"
-LOCK_KEY = f"{DEVICE}\\lock"
+LINE = "floor3"
+UNITS = 8
+DEVICES = [f"{LINE}-t{n:02d}" for n in range(1, UNITS + 1)]
+DEVICE = DEVICES[0]
+UNIT = f"agent@{LINE}.service"
+LOCK_KEY = f"{LINE}\\lock"
 SETPOINT_KEY = f"{DEVICE}\\setPoint"
 MQTT_USERNAME = "gateway"
 MQTT_PASSWORD = "test-only-password"
@@ -282,8 +300,8 @@ def _fresh_dir(path: Path) -> Path:
 
 
 class PairSite:
-    """Two booted gateways serving DEVICE as a pair, deployed with the playbook; the state store
-    (``agent emulator``) and the device (``agent sim-device``) run on the host."""
+    """Two booted gateways serving LINE (DEVICES) as a pair, deployed with the playbook; the
+    state store (``agent emulator``) and the line (``agent sim-device``) run on the host."""
 
     def __init__(self, workdir: Path | None = None, names: Sequence[str] = ("gw1", "gw2")) -> None:
         """`workdir` (default: a new directory under /var/tmp, removed at the end unless
@@ -335,7 +353,7 @@ class PairSite:
         return other
 
     def write_inventory(self, *, port: int | None = None) -> Path:
-        """The pair's inventory: gw1 on side a, gw2 on side b, both serving DEVICE."""
+        """The pair's inventory: gw1 on side a, gw2 on side b, both serving LINE."""
         settings = {
             "AGENT_MQTT__HOST": self.host,
             "AGENT_MQTT__PORT": port or self.port,
@@ -345,7 +363,13 @@ class PairSite:
             self.gateways,
             side_a=self.names[0],
             side_b=self.names[1],
-            devices=[{"id": DEVICE, "settings": {"AGENT_SERIAL__URL": self.device_url}}],
+            lines=[
+                {
+                    "id": LINE,
+                    "devices": [{"id": d, "address": n} for n, d in enumerate(DEVICES, 1)],
+                    "settings": {"AGENT_SERIAL__URL": self.device_url},
+                }
+            ],
             settings=settings,
             extra_vars={"agent_mqtt_password": MQTT_PASSWORD},
         )
@@ -360,7 +384,9 @@ class PairSite:
     # -- roles
 
     def holder(self, port: int | None = None) -> str | None:
-        return store_get(self.host, port or self.port, LOCK_KEY)
+        """The instance holding the lock (its value names the process too)."""
+        value = store_get(self.host, port or self.port, LOCK_KEY)
+        return None if value is None else holder_instance(value)
 
     def roles(self, timeout: float = 30) -> tuple[str, str]:
         """(active, standby): the lock's holder, and the other, whose agent is running."""
@@ -384,6 +410,31 @@ class PairSite:
             panel.sendall(command.encode() + b"\n")
             return panel.makefile().readline().strip()
 
+    # -- the operator commands, from the host
+
+    def command(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return host_command(self.host, self.port, *args, timeout=timeout)
+
+    def status(self) -> tuple[int, dict[str, Any]]:
+        """`agent status LINE --json`: the exit code and the line's report."""
+        result = self.command("status", LINE, "--json")
+        if not result.stdout:
+            raise GatewayError(f"agent status: {result.stderr}")
+        (report,) = json.loads(result.stdout)["lines"]
+        return result.returncode, report
+
+    def wait_status(self, code: int, timeout: float = 30) -> dict[str, Any]:
+        """The line's report once `agent status` exits with `code` (the agents publish their
+        health on change and every few seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found, report = self.status()
+            if found == code:
+                return report
+            if time.monotonic() > deadline:
+                raise GatewayError(f"agent status exits {found}, not {code}: {report}")
+            time.sleep(0.5)
+
     # -- the measured events
 
     def takeover_after_kill(self) -> tuple[float, str, str]:
@@ -406,6 +457,22 @@ class PairSite:
             self[active].run("systemctl", "start", UNIT)
         self.wait_standby(active, cursor)
         return taken.at - started, active, standby
+
+    def switchover(self) -> tuple[float, float, str, str]:
+        """`agent switchover LINE` from the host: the handover as the command measured it
+        (from its request to the new holder), the time without an active (the lock's release
+        to its taking, as the lock watch saw them), the former active and its successor."""
+        active, standby = self.roles()
+        mark = self.watch.mark()
+        result = self.command("switchover", LINE)
+        match = re.search(r"from (\S+) to (\S+) in (\d+) ms", result.stdout)
+        if result.returncode != 0 or match is None:
+            raise GatewayError(f"agent switchover: {result.stdout} {result.stderr}")
+        if match.group(1, 2) != (active, standby):
+            raise GatewayError(f"switched over {match.group(1, 2)}, not {(active, standby)}")
+        self.watch.wait_event(lambda e: e.kind == "SET" and e.holder == standby, after=mark)
+        (gap,) = gaps_without_active(self.watch.since(mark))
+        return int(match.group(3)) / 1000, gap, active, standby
 
     def upgrade(self, name: str, deb: Path, *apt_options: str) -> list[LockEvent]:
         """``apt install ./agent_X.deb`` on one gateway, as the README says; the lock's changes

@@ -27,6 +27,8 @@ ENV_EXAMPLE = DEPLOY / "agent.env.example"
 ANSIBLE = DEPLOY / "ansible"
 EXEC_START = "/opt/agent/venv/bin/agent"
 DEVICE = "thermostat-1"
+LINE = "floor3"
+"""The line of deploy/agent.env.example: 32 thermostats, floor3-t01@1 to floor3-t32@32."""
 
 # Where the distribution keeps systemd's own units (sysinit.target and the like), which
 # `systemd-analyze verify --root` needs beside the unit under test.
@@ -98,7 +100,7 @@ def add_systemd_units(root: Path) -> None:
     shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
 
 
-def verify_unit(root: Path, unit: str = f"agent@{DEVICE}.service") -> str:
+def verify_unit(root: Path, unit: str = f"agent@{LINE}.service") -> str:
     """What `systemd-analyze verify` says about a unit installed under root (empty: nothing)."""
     analyze = tool("systemd-analyze", "Debian: systemd")
     result = run([analyze, "verify", f"--root={root}", unit], check=False, timeout=60)

@@ -64,6 +64,22 @@ def test_a_password_in_the_credential_store_is_found_and_checked(
     assert "CREDENTIALS_DIRECTORY" not in os.environ  # put back as it was
 
 
+def test_a_lines_credentials_are_named_by_the_line(
+    environment: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # agent@floor3 loads agent.floor3.*: --print-config looks there too.
+    environment.delenv("AGENT_DEVICE_ID")
+    environment.setenv("AGENT_LINE_ID", "floor3")
+    environment.setenv("AGENT_DEVICES", "floor3-t01@1,floor3-t02@2")
+    environment.setenv("AGENT_MQTT__USERNAME", "gw")
+    stored = tmp_path / "etc-credstore" / "agent.floor3.mqtt-password"
+    stored.write_text(SECRET)
+    (tmp_path / "etc-credstore" / "agent.floor3-t01.mqtt-password").write_text(SECRET + "-t01")
+    code, shown, _ = print_config(capsys)
+    assert code == 0
+    assert shown["mqtt"]["password"] == f"set, from credential {stored}"
+
+
 def test_the_first_credential_store_wins_as_with_systemd(
     environment: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

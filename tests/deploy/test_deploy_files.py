@@ -23,6 +23,7 @@ from tests.deploy.support import (
     DEVICE,
     ENV_EXAMPLE,
     EXEC_START,
+    LINE,
     ROOT,
     UNIT,
     add_systemd_units,
@@ -61,22 +62,37 @@ def test_env_example_documents_every_setting_once() -> None:
     assert set(ACTIVE) | set(COMMENTED) == set(FIELDS)
 
 
-def test_env_example_with_the_device_from_the_unit_is_valid(
+def test_env_example_with_the_line_from_the_unit_is_valid(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # What systemd hands the agent: Environment= of the unit, the env file, STATE_DIRECTORY.
     settings = settings_from(
-        {"AGENT_DEVICE_ID": DEVICE, **ACTIVE, "STATE_DIRECTORY": str(tmp_path)}, monkeypatch
+        {"AGENT_LINE_ID": LINE, **ACTIVE, "STATE_DIRECTORY": str(tmp_path)}, monkeypatch
     )
-    assert settings.device_id == DEVICE
-    assert settings.serial.url == f"/dev/agent/{DEVICE}"
+    assert settings.line.id == LINE and not settings.line.single
+    assert [(d.id, d.address) for d in settings.line.devices] == [
+        (f"{LINE}-t{n:02d}", n) for n in range(1, 33)
+    ]
+    assert settings.lock_key == f"{LINE}\\lock"
+    assert settings.serial.url == f"/dev/agent/{LINE}"
     assert settings.mqtt.tls.enabled
     assert settings.state_dir == tmp_path
 
 
+def test_env_example_in_its_single_device_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The form it documents for one device: AGENT_DEVICES left out, the device named, the
+    line named by the unit's instance."""
+    env = {k: v for k, v in ACTIVE.items() if k != "AGENT_DEVICES"}
+    env["AGENT_DEVICE_ID"] = COMMENTED["AGENT_DEVICE_ID"]
+    settings = settings_from({"AGENT_LINE_ID": DEVICE, **env}, monkeypatch)
+    assert (settings.line.id, settings.line.single) == (DEVICE, True)
+    assert [d.id for d in settings.line.devices] == [DEVICE]
+    assert settings.lock_key == f"{DEVICE}\\lock"
+
+
 def test_env_example_shows_the_real_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """A setting shown commented out with a value shows its default, unless it has none."""
-    base = {"AGENT_DEVICE_ID": DEVICE, **ACTIVE}
+    base = {"AGENT_LINE_ID": LINE, **ACTIVE}
     with_defaults = {
         name: value for name, value in COMMENTED.items() if has_plain_default(FIELDS[name][1])
     }
@@ -108,8 +124,8 @@ def test_env_example_print_config_as_documented(tmp_path: Path) -> None:
             "agent",
             "--env-file",
             ENV_EXAMPLE,
-            "--device-id",
-            DEVICE,
+            "--line-id",
+            LINE,
             "--print-config",
         ],
         env=env,
@@ -118,7 +134,8 @@ def test_env_example_print_config_as_documented(tmp_path: Path) -> None:
     shown = json.loads(result.stdout)
     assert shown["mqtt"]["host"] == ACTIVE["AGENT_MQTT__HOST"]
     assert shown["serial"]["url"] == ACTIVE["AGENT_SERIAL__URL"]
-    assert "/opt/agent/venv/bin/agent --env-file /etc/agent/thermostat-1.env" in EXAMPLE
+    assert len(shown["derived"]["devices"]) == 32
+    assert f"/opt/agent/venv/bin/agent --env-file /etc/agent/{LINE}.env --line-id {LINE}" in EXAMPLE
 
 
 def test_env_file_parser_follows_systemd() -> None:
@@ -268,8 +285,8 @@ def test_install_upgrade_and_uninstall(
         agent_wheel,
         "--python",
         debian_python(),
-        "--device",
-        DEVICE,
+        "--line",
+        LINE,
     ]
     run(install, env=script_env())
 
@@ -280,7 +297,7 @@ def test_install_upgrade_and_uninstall(
     assert (root / "opt/agent/share/99-agent-serial.rules").is_file()
     assert os.access(root / "opt/agent/share/uninstall.sh", os.X_OK)
     assert mode(root / "etc/credstore") == 0o700
-    env_file = root / "etc/agent" / f"{DEVICE}.env"
+    env_file = root / "etc/agent" / f"{LINE}.env"
     assert mode(env_file) == 0o600
     assert parse_env_file(env_file.read_text()) == ACTIVE
 
@@ -289,13 +306,15 @@ def test_install_upgrade_and_uninstall(
     assert verify_unit(root) == ""
     assert (root / EXEC_START.lstrip("/")).is_file()
 
-    # Another device, and an upgrade: the edited env file is kept, the venv replaced.
+    # A single device on a line of its own, and an upgrade: the edited env file is kept, the
+    # venv replaced.
     env_file.write_text(env_file.read_text() + "AGENT_LOG_LEVEL=DEBUG\n")
     old_venv_inode = (root / "opt/agent/venv").stat().st_ino
-    run([*install[:-1], "thermostat-2"], env=script_env())
+    run([*install[:-2], "--device", "thermostat-2"], env=script_env())
     assert env_file.read_text().endswith("AGENT_LOG_LEVEL=DEBUG\n")
     second = parse_env_file((root / "etc/agent/thermostat-2.env").read_text())
     assert second["AGENT_SERIAL__URL"] == "/dev/agent/thermostat-2"
+    assert second["AGENT_DEVICE_ID"] == "thermostat-2" and "AGENT_DEVICES" not in second
     assert (root / "opt/agent/venv").stat().st_ino != old_venv_inode
     assert sorted(p.name for p in (root / "opt/agent").iterdir()) == ["share", "venv"]
     check_venv(root)
@@ -303,7 +322,7 @@ def test_install_upgrade_and_uninstall(
     # Uninstall keeps the operator's files; --purge removes them.
     wants = root / "etc/systemd/system/multi-user.target.wants"
     wants.mkdir(parents=True)
-    (wants / f"agent@{DEVICE}.service").symlink_to("/etc/systemd/system/agent@.service")
+    (wants / f"agent@{LINE}.service").symlink_to("/etc/systemd/system/agent@.service")
     run([root / "opt/agent/share/uninstall.sh", "--root", root])
     assert not (root / "opt/agent").exists()
     assert not (root / "etc/systemd/system/agent@.service").exists()
@@ -314,10 +333,11 @@ def test_install_upgrade_and_uninstall(
     assert not (root / "etc/agent").exists()
 
 
-def test_install_refuses_a_bad_device_id(tmp_path: Path) -> None:
-    result = run([DEPLOY / "install.sh", "--root", tmp_path, "--device", "bad/id"], check=False)
+@pytest.mark.parametrize("option", ["--line", "--device"])
+def test_install_refuses_a_bad_id(tmp_path: Path, option: str) -> None:
+    result = run([DEPLOY / "install.sh", "--root", tmp_path, option, "bad/id"], check=False)
     assert result.returncode != 0
-    assert "device id" in result.stderr
+    assert f"{option.removeprefix('--')} id 'bad/id'" in result.stderr
     assert not list(tmp_path.iterdir())
 
 
@@ -405,7 +425,7 @@ def inventory() -> dict:
     return json.loads(result.stdout)
 
 
-def test_inventory_example_pairs_two_gateways_per_device(inventory: dict) -> None:
+def test_inventory_example_pairs_two_gateways_per_line(inventory: dict) -> None:
     hostvars = inventory["_meta"]["hostvars"]
     side_a = set(inventory["agent_side_a"]["hosts"])
     side_b = set(inventory["agent_side_b"]["hosts"])
@@ -416,13 +436,16 @@ def test_inventory_example_pairs_two_gateways_per_device(inventory: dict) -> Non
 
     serving: dict[str, list[str]] = {}
     for host in sorted(gateways):
-        for device in hostvars[host]["agent_devices"]:
-            serving.setdefault(device["id"], []).append(host)
+        for line in hostvars[host]["agent_lines"]:
+            serving.setdefault(line["id"], []).append(host)
     assert len(serving) >= 2
-    for device, hosts in serving.items():
-        assert len(hosts) == 2, f"{device} is served by {hosts}"
-        assert len({hostvars[h]["agent_instance_id"] for h in hosts}) == 2, device
-        assert {hosts[0] in side_a, hosts[1] in side_a} == {True, False}, device
+    for line, hosts in serving.items():
+        assert len(hosts) == 2, f"{line} is served by {hosts}"
+        assert len({hostvars[h]["agent_instance_id"] for h in hosts}) == 2, line
+        assert {hosts[0] in side_a, hosts[1] in side_a} == {True, False}, line
+    # The example of a 32-thermostat bus.
+    (floor3,) = [line for line in hostvars["gw-floor3-a"]["agent_lines"] if line["id"] == LINE]
+    assert [d["address"] for d in floor3["devices"]] == list(range(1, 33))
     for host in gateways:
         rules = udev_rules(hostvars[host].get("agent_udev_rules", ""))
         assert all(any(t.group("key") == "SYMLINK" for t in rule) for rule in rules), host
@@ -459,26 +482,52 @@ def test_ansible_role_writes_valid_env_files(
     ca_file.write_text("")
     hostvars = inventory["_meta"]["hostvars"]
     instances: dict[str, set[str]] = {}
+    lines = {}
     for env_file in sorted(tmp_path.glob("*/*.env")):
-        host, device = env_file.parent.name, env_file.stem
+        host, line = env_file.parent.name, env_file.stem
         env = parse_env_file(env_file.read_text())
         assert env == dict(dotenv_values(env_file)), "systemd and --env-file differ"
         env["AGENT_MQTT__TLS__CA_FILE"] = str(ca_file)  # on a gateway the role copies it
-        settings = settings_from({**env, "STATE_DIRECTORY": str(tmp_path)}, monkeypatch)
-        assert settings.device_id == device
+        # What the unit adds: AGENT_LINE_ID=<instance name>.
+        unit = {"AGENT_LINE_ID": line, "STATE_DIRECTORY": str(tmp_path)}
+        settings = settings_from({**unit, **env}, monkeypatch)
+        assert settings.line.id == line
         assert settings.instance_id == hostvars[host]["agent_instance_id"]
         assert settings.serial.url
-        instances.setdefault(device, set()).add(settings.instance_id)
+        instances.setdefault(line, set()).add(settings.instance_id)
+        lines[line] = settings.line
     assert instances and all(len(ids) == 2 for ids in instances.values())
+    # The bus of 32, one of them described in full (JSON); a line of two; a single device.
+    floor3 = lines[LINE]
+    assert [d.id for d in floor3.devices] == [f"{LINE}-t{n:02d}" for n in range(1, 33)]
+    assert floor3.devices[31].modbus is not None
+    assert floor3.devices[31].modbus.setpoint_register == 10
+    assert [(d.id, d.address) for d in lines["lab"].devices] == [("lab-t01", 1), ("lab-t02", 2)]
+    assert lines["thermostat-3"].single and lines["thermostat-3"].devices[0].id == "thermostat-3"
+    single = parse_env_file((tmp_path / "gw-lab-a" / "thermostat-3.env").read_text())
+    assert single["AGENT_DEVICE_ID"] == "thermostat-3" and "AGENT_LINE_ID" not in single
 
 
-def test_ansible_role_rejects_a_bad_device_list(tmp_path: Path) -> None:
-    devices = json.dumps({"agent_devices": [{"id": "thermostat-1"}, {"id": "thermostat-1"}]})
-    result = render_env_files(tmp_path, "--limit", "gw-hall-a", "-e", devices)
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [{"id": "floor3", "devices": "t1@1"}, {"id": "floor3", "devices": "t2@2"}],
+        [{"id": "floor3", "devices": "t1@1,t2@2"}, {"id": "floor4", "devices": "t2@1"}],
+        [{"id": "floor3", "devices": [{"id": "t1", "address": 1}]}, {"id": "t1"}],
+        [{"id": "floor/3", "devices": "t1@1"}],
+    ],
+    ids=["line twice", "device on two lines", "device and line", "bad id"],
+)
+def test_ansible_role_rejects_a_bad_line_list(tmp_path: Path, lines: list[dict]) -> None:
+    given = json.dumps({"agent_lines": lines})
+    result = render_env_files(tmp_path, "--limit", "gw-floor3-a", "-e", given)
     assert result.returncode != 0
-    assert "distinct ids" in result.stdout
+    assert "distinct line ids" in result.stdout
     assert not list(tmp_path.glob("*/*.env"))
-    result = render_env_files(tmp_path, "--limit", "gw-hall-a", "-e", "agent_instance_id=a/b")
+
+
+def test_ansible_role_rejects_a_bad_instance_id(tmp_path: Path) -> None:
+    result = render_env_files(tmp_path, "--limit", "gw-floor3-a", "-e", "agent_instance_id=a/b")
     assert result.returncode != 0
 
 
@@ -490,3 +539,20 @@ def test_ansible_role_has_what_a_role_needs() -> None:
     # Secrets go to the credential store the unit loads from, never into logs.
     assert "/etc/credstore/agent.{{ item.id }}.mqtt-password" in tasks
     assert tasks.count("no_log: true") >= 2
+
+
+def test_ansible_role_still_reads_the_earlier_device_list(tmp_path: Path) -> None:
+    given = json.dumps(
+        {
+            "agent_lines": [],
+            "agent_devices": [
+                {"id": "thermostat-1", "settings": {"AGENT_SERIAL__URL": "/dev/agent/t1"}}
+            ],
+        }
+    )
+    result = render_env_files(tmp_path, "--limit", "gw-lab-a", "-e", given)
+    assert result.returncode == 0, result.stdout
+    env = parse_env_file((tmp_path / "gw-lab-a" / "thermostat-1.env").read_text())
+    # As the earlier role wrote it: an upgrade of the role restarts nothing.
+    assert env["AGENT_DEVICE_ID"] == "thermostat-1" and "AGENT_LINE_ID" not in env
+    assert env["AGENT_SERIAL__URL"] == "/dev/agent/t1"

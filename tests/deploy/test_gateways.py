@@ -1,6 +1,7 @@
 """The deployment on booted gateways: two Debian 12 containers with systemd as PID 1 (gw1 on
 side a, gw2 on side b), the Debian package built by deploy/build-deb.sh and rolled out with the
-project's playbook as the README says, the state store and the device on this host.
+project's playbook as the README says, serving one line of eight thermostats; the state store
+and the line (`agent sim-device --units 8`) on this host, where the operator commands run too.
 
 Slow (a few minutes) and needs root, debootstrap and systemd-nspawn: marked `gateway`, left
 out of the default run, run by .ci/run on its own (``pytest -m gateway``). The tests share one
@@ -22,7 +23,9 @@ import pytest
 from tests.deploy.gateways import requirements
 from tests.deploy.pair import (
     DEVICE,
+    DEVICES,
     HANDOVER_BOUND_S,
+    LINE,
     LOCK_KEY,
     MQTT_PASSWORD,
     SETPOINT_KEY,
@@ -38,8 +41,8 @@ from tests.deploy.pair import (
 
 pytestmark = [pytest.mark.gateway, pytest.mark.timeout(600)]
 
-ENV_FILE = f"/etc/agent/{DEVICE}.env"
-CREDENTIAL = f"/etc/credstore/agent.{DEVICE}.mqtt-password"
+ENV_FILE = f"/etc/agent/{LINE}.env"
+CREDENTIAL = f"/etc/credstore/agent.{LINE}.mqtt-password"
 DROP_IN = f"/run/systemd/system/{UNIT}.d"
 MAX_EXPOSURE = 2.0
 
@@ -109,14 +112,23 @@ def test_check_mode_works_on_gateways_without_the_package(deployed: Deployed) ->
 def test_the_playbook_deploys_one_active_and_one_standby(deployed: Deployed) -> None:
     site = deployed.site
     assert set(recap(deployed.deploy_run)) == set(site.names)
-    active, _ = site.roles()
+    active, standby = site.roles()
     version = python_version(site.packages.old_version)
+    # As the operator sees it: one active holding the lock, one standby, every device in sync.
+    report = site.wait_status(0)
+    roles = [(r["instance"], r["role"], r["state"]) for r in report["instances"]]
+    assert roles == [(active, "active", "running"), (standby, "standby", "running")]
+    assert [d["device"] for d in report["devices"]] == DEVICES
+    assert all(d["in_sync"] and d["availability"] == "online" for d in report["devices"])
+    words = {
+        active: f"active for line {LINE}: 8 devices, 8 in sync",
+        standby: f"standby for line {LINE} (8 devices)",
+    }
     for name in site.names:
         gateway = site[name]
         journal = gateway.journal("-u", UNIT)
         assert f"agent {version} starting" in journal, journal
-        role = "active" if name == active else "standby"
-        assert gateway.unit(UNIT, "StatusText") == f"{role} for {DEVICE}"
+        assert gateway.unit(UNIT, "StatusText") == words[name]
         assert gateway.run("systemctl", "is-enabled", UNIT).stdout.strip() == "enabled"
         # The time service is chrony: its wait unit, not systemd-timesyncd's.
         assert gateway.run("systemctl", "is-enabled", "chrony-wait.service").stdout.strip() == (
@@ -133,8 +145,8 @@ def test_the_playbook_deploys_one_active_and_one_standby(deployed: Deployed) -> 
         "/opt/agent/venv/bin/agent",
         "--env-file",
         ENV_FILE,
-        "--device-id",
-        DEVICE,
+        "--line-id",
+        LINE,
         "--print-config",
     )
     assert MQTT_PASSWORD not in printed.stdout + printed.stderr
@@ -161,8 +173,9 @@ def test_journal_priorities_and_fields(site: PairSite) -> None:
     (warning,) = [e for e in entries if "invalid set point" in e["MESSAGE"]]
     assert warning["PRIORITY"] == "4"
     assert warning["SYSLOG_IDENTIFIER"] == "agent"
-    assert warning["MESSAGE"].startswith(f"[{DEVICE} {active}] ")
-    assert warning["CODE_FILE"].endswith("/agent/sync/setpoint.py")
+    assert warning["MESSAGE"].startswith(f"[{LINE}/{DEVICE} {active}] ")
+    assert warning["LINE"] == LINE and warning["ROLE"] == "active"
+    assert warning["CODE_FILE"].endswith("/agent/sync/device.py")
     assert warning["CODE_FUNC"] and int(warning["CODE_LINE"]) > 0
     assert warning["_SYSTEMD_UNIT"] == UNIT
     infos = [e for e in entries if e["PRIORITY"] == "6"]
@@ -191,6 +204,59 @@ def test_handover_when_the_active_is_stopped(site: PairSite) -> None:
     assert changes == [("DELETE", ""), ("SET", successor)], changes  # released, then taken
     assert "released the lock" in site[stopped].journal("-u", UNIT, "-n", "40")
     assert site.roles() == (successor, stopped)
+
+
+def test_switchover_hands_over_without_stopping_anything(site: PairSite) -> None:
+    restarts = {name: site[name].unit(UNIT, "NRestarts") for name in site.names}
+    pids = {name: site[name].main_pid(UNIT) for name in site.names}
+    mark = site.watch.mark()
+    seconds, gap, former, successor = site.switchover()
+    print(
+        f"\nswitchover: {seconds * 1000:.0f} ms, {gap * 1000:.0f} ms without an active "
+        f"(bound {HANDOVER_BOUND_S * 1000:.0f} ms)"
+    )
+    assert seconds <= HANDOVER_BOUND_S and gap <= HANDOVER_BOUND_S
+    assert holder_changes(site.watch.since(mark), former) == [("DELETE", ""), ("SET", successor)]
+    # Nothing stopped or restarted: the same processes, roles swapped.
+    assert {name: site[name].main_pid(UNIT) for name in site.names} == pids
+    assert {name: site[name].unit(UNIT, "NRestarts") for name in site.names} == restarts
+    assert site.roles() == (successor, former)
+    report = site.wait_status(0)
+    assert report["holder"] == successor
+    assert "handing over: switchover to a standby" in site[former].journal("-u", UNIT, "-n", "30")
+
+
+def test_pause_and_resume_with_changes_on_both_sides(site: PairSite) -> None:
+    active, standby = site.roles()
+    mark = site.watch.mark()
+    paused = site.command("pause", LINE, "--reason", "bus work")
+    assert paused.returncode == 0, paused.stderr
+    assert site[active].unit(UNIT, "StatusText") == (
+        f"active for line {LINE}: paused, the line closed (8 devices)"
+    )
+    report = site.wait_status(6)
+    assert report["holder"] == active and report["verdict"].startswith("paused: bus work")
+    # A panel change at t02 and a remote change of t03 while the line is left alone.
+    assert site.panel("@2 PANEL SP 17.5") == "@2 OK SP 17.5"
+    remote = site.command("setpoint", "set", DEVICES[2], "24.5")
+    assert remote.returncode == 0, remote.stderr
+    # The active keeps the lock (renewals) and the standby does not take over.
+    renewals = [
+        site.watch.wait_event(lambda e: e.holder == active, after=mark + n, timeout=10)
+        for n in range(4)
+    ]
+    assert all(e.kind == "SET" for e in renewals)
+    assert all(e.holder == active for e in site.watch.since(mark))
+    assert site.panel("@3 GET SP") == "@3 SP 20.0"  # nothing written
+    assert site.command("setpoint", "get", DEVICES[1]).stdout.strip() == "20.0"  # nor published
+
+    resumed = site.command("resume", LINE)
+    assert resumed.returncode == 0, resumed.stderr
+    report = site.wait_status(0)
+    store = {d["device"]: d["store"] for d in report["devices"]}
+    assert store[DEVICES[1]] == "17.5" and store[DEVICES[2]] == "24.5"
+    assert site.panel("@3 GET SP") == "@3 SP 24.5"
+    assert site.roles() == (active, standby)
 
 
 def test_crashes_and_manual_starts_stay_below_the_start_limit(site: PairSite) -> None:
@@ -322,7 +388,7 @@ def test_the_agent_runs_in_its_sandbox(site: PairSite) -> None:
     # As the agent's user, in the agent's own mount namespace: only its state directory (and
     # its private /tmp) can be written.
     probes = {
-        f"/var/lib/agent/{DEVICE}/probe": True,
+        f"/var/lib/agent/{LINE}/probe": True,
         "/tmp/probe": True,
         "/etc/agent/probe": False,
         "/opt/agent/probe": False,
@@ -342,7 +408,7 @@ def test_the_agent_runs_in_its_sandbox(site: PairSite) -> None:
     assert {path: written[path] == "yes" for path in probes} == probes
     assert not gateway.path("/tmp/probe").exists()  # the private /tmp is not the host's
     gateway.run(
-        "nsenter", "-t", str(pid), "-m", "rm", "-f", f"/var/lib/agent/{DEVICE}/probe", "/tmp/probe"
+        "nsenter", "-t", str(pid), "-m", "rm", "-f", f"/var/lib/agent/{LINE}/probe", "/tmp/probe"
     )
 
 
@@ -431,7 +497,7 @@ def test_remove_keeps_and_purge_deletes_the_configuration(site: PairSite) -> Non
     assert max(gaps_without_active(events)) <= HANDOVER_BOUND_S
     assert gateway.unit(UNIT, "ActiveState") in ("inactive", "")
     kept = gateway.sh(
-        f"ls {ENV_FILE} {CREDENTIAL} /etc/agent/agent.env.example /var/lib/agent/{DEVICE}/"
+        f"ls {ENV_FILE} {CREDENTIAL} /etc/agent/agent.env.example /var/lib/agent/{LINE}/"
     )
     assert ENV_FILE in kept and CREDENTIAL in kept
     assert not gateway.path("/opt/agent/venv").exists()
@@ -442,4 +508,4 @@ def test_remove_keeps_and_purge_deletes_the_configuration(site: PairSite) -> Non
     wants = gateway.sh("ls /etc/systemd/system/multi-user.target.wants/")
     assert "agent@" not in wants
     assert site.holder() == standby
-    assert site[standby].unit(UNIT, "StatusText") == f"active for {DEVICE}"
+    assert site[standby].unit(UNIT, "StatusText").startswith(f"active for line {LINE}: ")

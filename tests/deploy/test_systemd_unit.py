@@ -132,10 +132,22 @@ def test_waits_for_the_network_and_the_clock(unit: dict) -> None:
     assert "network-online.target" in words(unit, "Unit", "Wants")
 
 
-def test_device_from_the_instance_name_and_settings_from_its_env_file(unit: dict) -> None:
-    assert "AGENT_DEVICE_ID=%i" in unit[("Service", "Environment")]
+def test_line_from_the_instance_name_and_settings_from_its_env_file(unit: dict) -> None:
+    assert "AGENT_LINE_ID=%i" in unit[("Service", "Environment")]
     assert one(unit, "Service", "EnvironmentFile") == "/etc/agent/%i.env"
-    assert "device_id" in AgentSettings.model_fields
+    assert "line_id" in AgentSettings.model_fields
+
+
+def test_a_single_device_env_file_names_its_line_by_the_instance() -> None:
+    """What the unit hands an agent whose env file names one device (the earlier form):
+    the device on a line of the instance's name, the keys as before when the two agree."""
+    same = AgentSettings(line_id="thermostat-1", device_id="thermostat-1")
+    assert (same.line.id, same.line.single) == ("thermostat-1", True)
+    assert same.lock_key == "thermostat-1\\lock"
+    assert same.key("setpoint", "thermostat-1") == "thermostat-1\\setPoint"
+    named = AgentSettings(line_id="hall", device_id="thermostat-1")
+    assert [d.id for d in named.line.devices] == ["thermostat-1"]
+    assert named.lock_key == "hall\\lock"
 
 
 def test_credentials_are_the_files_the_agent_reads(unit: dict) -> None:

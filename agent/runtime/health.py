@@ -1,0 +1,424 @@
+"""What an instance says about itself and its devices, for monitoring and `agent status`.
+
+- **Its health** (both instances): a retained message on `agents/<line>/<instance>/health`
+  in thin-edge.io's `status/health` shape, `{"status":"up","pid":...,"time":...}`, with the
+  role (active, standby), the state (running, paused, failing), the version, the lease
+  (`ttl_ms`), the lock's token while active, the devices and how many are in sync. It is
+  published on every change and every `health.interval_s` (a heartbeat). The session's Last
+  Will, set at CONNECT, is the same topic with `{"status":"down",...}`, retained: a crash or
+  a lost network says "down" at once; a clean stop publishes it itself.
+- **Each device's status and availability** (the active only): retained messages on
+  `devices/<device>/status` (store and controller values, last sync, errors) and
+  `devices/<device>/availability` (`online` while the active drives the device and it
+  answers, else `offline`), on change (at most once a second each) and every interval.
+- **The unit's status line** (sd_notify STATUS=): the role and the sync state in words.
+
+The documents and the words are built by pure functions; `Health` gathers the agent's state
+and publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+from agent.client.session import Session, SessionError
+from agent.message import Message
+from agent.pair.leadership import Role
+from agent.protocol.hlc import Hlc
+from agent.sync import decisions
+from agent.sync.decisions import InvalidRemoteValue
+
+if TYPE_CHECKING:
+    from agent.runtime.agent import Agent
+
+log = logging.getLogger("agent")
+
+CONTENT_TYPE = "application/json"
+DEVICE_MIN_INTERVAL_S = 1.0
+"""A device's status is published at most this often on change."""
+TICK_S = 1.0
+PUBLISH_TIMEOUT_S = 2.0
+NAMED_IN_WORDS = 3
+"""Devices named in the status line's lists; more are counted."""
+
+ONLINE, OFFLINE = b"online", b"offline"
+
+
+def version() -> str:
+    try:
+        return metadata.version("agent")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# --------------------------------------------------------------------------- pure
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    """One device as the active sees it."""
+
+    id: str
+    answering: bool
+    in_sync: bool
+
+
+def in_sync(store: bytes | None, controller: float | None) -> bool:
+    """The store and the controller hold the same set point."""
+    if store is None or controller is None:
+        return False
+    try:
+        return decisions.same(decisions.parse_setpoint(store), controller)
+    except InvalidRemoteValue:
+        return False
+
+
+def _named(ids: Sequence[str]) -> str:
+    shown = ", ".join(ids[:NAMED_IN_WORDS])
+    return shown + (f", +{len(ids) - NAMED_IN_WORDS}" if len(ids) > NAMED_IN_WORDS else "")
+
+
+def status_words(
+    role: str, line: str, *, single: bool, devices: Sequence[DeviceHealth], paused: bool
+) -> str:
+    """The unit's status line: `active for line floor3: 32 devices, 31 in sync, 1 not
+    answering (t07)`; for a single device, `active for thermostat-1: in sync`."""
+    where = line if single else f"line {line}"
+    count = f"{len(devices)} device{'s' if len(devices) != 1 else ''}"
+    if role != "active":
+        words = f"{role} for {where}" + ("" if single else f" ({count})")
+        return words + (", paused" if paused else "")
+    if paused:
+        return f"active for {where}: paused, the line closed" + ("" if single else f" ({count})")
+    silent = [d.id for d in devices if not d.answering]
+    syncing = [d.id for d in devices if d.answering and not d.in_sync]
+    synced = len(devices) - len(silent) - len(syncing)
+    if single:
+        state = "not answering" if silent else "syncing" if syncing else "in sync"
+        return f"active for {where}: {state}"
+    parts = [count, f"{synced} in sync"]
+    if syncing:
+        parts.append(f"{len(syncing)} syncing ({_named(syncing)})")
+    if silent:
+        parts.append(f"{len(silent)} not answering ({_named(silent)})")
+    return f"active for {where}: " + ", ".join(parts)
+
+
+def instance_document(
+    *,
+    status: str,
+    line: str,
+    instance: str,
+    role: str,
+    state: str,
+    paused: bool,
+    ttl_ms: int,
+    token: str | None,
+    heartbeat_s: float,
+    devices: Sequence[DeviceHealth] | Sequence[str],
+    summary: str,
+    now: float,
+) -> dict[str, Any]:
+    ids = [d if isinstance(d, str) else d.id for d in devices]
+    health = [d for d in devices if isinstance(d, DeviceHealth)]
+    return {
+        "status": status,
+        "pid": os.getpid(),
+        "time": round(now, 3),
+        "line": line,
+        "instance": instance,
+        "role": role,
+        "state": state,
+        "paused": paused,
+        "version": version(),
+        "ttl_ms": ttl_ms,
+        "token": token,
+        "heartbeat_s": heartbeat_s,
+        "devices": ids,
+        "in_sync": sum(d.in_sync and d.answering for d in health) if health else None,
+        "not_answering": [d.id for d in health if not d.answering],
+        "summary": summary,
+    }
+
+
+def will_document(line: str, instance: str) -> dict[str, Any]:
+    """What the broker says for an instance whose connection ended without a word."""
+    return {
+        "status": "down",
+        "pid": os.getpid(),
+        "line": line,
+        "instance": instance,
+        "reason": "connection lost",
+    }
+
+
+def encode(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _changed(document: dict[str, Any], ignore: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in document.items() if k not in ignore}
+
+
+# --------------------------------------------------------------------------- the publisher
+
+
+class Health:
+    """Publishes the instance's health, its devices' statuses (while active) and its status
+    line, on change and on a heartbeat; answers the HTTP endpoint's questions."""
+
+    def __init__(self, agent: Agent, notify_status: Callable[[str], None]) -> None:
+        self.agent = agent
+        settings = agent.settings
+        self.settings = settings.health
+        self.line = agent.line
+        self.instance = settings.instance_id
+        self.topic = settings.health.instance_topic(self.line.id, self.instance)
+        self._notify_status = notify_status
+        self._store: dict[str, tuple[bytes | None, Hlc | None]] = {}
+        self._wake = asyncio.Event()
+        self._last_instance: tuple[dict[str, Any], float] | None = None
+        self._last_device: dict[str, tuple[dict[str, Any], float]] = {}
+        self._last_availability: dict[str, bytes] = {}
+        self._last_words: str | None = None
+        self._stopped = False
+
+    # ------------------------------------------------------------------ inputs
+
+    def will(self) -> Message:
+        """The Last Will for the session: this instance's health, down, retained."""
+        return Message(
+            self.topic,
+            encode(will_document(self.line.id, self.instance)),
+            qos=1,
+            retain=True,
+            content_type=CONTENT_TYPE,
+        )
+
+    def store_seen(self, device: str, value: bytes | None, version: Hlc | None) -> None:
+        """The set point key of `device` holds `value` (a notification, a read)."""
+        self._store[device] = (value, version)
+        self._wake.set()
+
+    def store_value(self, device: str) -> bytes | None:
+        """The set point in the store as far as this instance knows: what it saw, or what
+        it wrote itself since (its sync record's version is newer)."""
+        value, version = self._store.get(device, (None, None))
+        synced = self.agent.devices[device].status.synced
+        if (
+            synced.value is not None
+            and synced.version is not None
+            and (version is None or synced.version > version)
+        ):
+            return decisions.encode_setpoint(synced.value)
+        return value
+
+    def poke(self) -> None:
+        """Something changed (role, pause, the line): publish now what is due."""
+        self._wake.set()
+
+    def reconnected(self) -> None:
+        """After a reconnect, the broker published our will: say everything again."""
+        self._last_instance = None
+        self._last_device.clear()
+        self._last_availability.clear()
+        self._wake.set()
+
+    # ------------------------------------------------------------------ state
+
+    def role(self) -> str:
+        role = self.agent.role
+        return role.value if role in (Role.ACTIVE, Role.STANDBY, Role.STOPPING) else "starting"
+
+    def paused(self) -> bool:
+        control = self.agent.control
+        return control is not None and control.paused
+
+    def failing(self) -> str | None:
+        """Why this instance cannot do its part now, or None."""
+        agent = self.agent
+        session = agent.session
+        if session is None or not session.connected:
+            return "not connected to the broker"
+        if not agent.healthy():
+            return "a job of the agent stopped"
+        bus = agent.bus
+        if agent.role is Role.ACTIVE and bus is not None and not bus.line_up:
+            return "the line is down"
+        return None
+
+    def state(self) -> str:
+        return "failing" if self.failing() else "paused" if self.paused() else "running"
+
+    def devices(self) -> list[DeviceHealth]:
+        found = []
+        for name, sync in self.agent.devices.items():
+            answering = sync.controller is not None and sync.status.controller == "ok"
+            value = self.agent.snapshot(name).setpoint  # the controller's, as last read
+            found.append(DeviceHealth(name, answering, in_sync(self.store_value(name), value)))
+        return found
+
+    def words(self) -> str:
+        role = self.role()
+        if role == "starting":
+            return "starting"
+        return status_words(
+            role,
+            self.line.id,
+            single=self.line.single,
+            devices=self.devices(),
+            paused=self.paused(),
+        )
+
+    def instance_document(self, status: str = "up") -> dict[str, Any]:
+        agent = self.agent
+        token = agent.leadership.token if agent.leadership is not None else None
+        active = agent.role is Role.ACTIVE
+        return instance_document(
+            status=status,
+            line=self.line.id,
+            instance=self.instance,
+            role=self.role(),
+            state=self.state(),
+            paused=self.paused(),
+            ttl_ms=agent.settings.lock.ttl_ms,
+            token=str(token) if token is not None else None,
+            heartbeat_s=self.settings.interval_s,
+            devices=self.devices() if active else list(agent.devices),
+            summary=self.words(),
+            now=time.time(),
+        )
+
+    def device_document(self, device: str) -> tuple[dict[str, Any], bytes]:
+        """A device's status and availability, as the active sees it."""
+        snapshot = self.agent.snapshot(device)
+        sync = self.agent.devices[device]
+        paused = self.paused()
+        answering = sync.controller is not None and sync.status.controller == "ok"
+        store = self.store_value(device)
+        available = answering and not paused
+        document = {
+            "device": device,
+            "line": self.line.id,
+            "instance": self.instance,
+            "time": round(time.time(), 3),
+            "availability": "online" if available else "offline",
+            "controller": "paused" if paused else snapshot.controller or "unavailable",
+            "store": None if store is None else store.decode(errors="replace"),
+            "setpoint": snapshot.setpoint,
+            "temperature": snapshot.temperature,
+            "in_sync": available and in_sync(store, snapshot.setpoint),
+            "last_sync": snapshot.last_sync_time,
+            "last_sync_version": snapshot.last_sync_version,
+            "errors": snapshot.errors,
+        }
+        return document, ONLINE if available else OFFLINE
+
+    # ------------------------------------------------------------------ publishing
+
+    async def run(self) -> None:
+        """Publishes what is due, on every change and every tick, until cancelled."""
+        while True:
+            try:
+                await self.publish_due()
+            except Exception:
+                log.exception("health not published; trying again")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TICK_S):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    async def publish_due(self) -> None:
+        if self._stopped:
+            return
+        words = self.words()
+        if words != self._last_words:
+            self._last_words = words
+            self._notify_status(words)
+        session = self.agent.session
+        if session is None or not session.connected:
+            return
+        now = time.monotonic()
+        document = self.instance_document()
+        key = _changed(document, ("time", "token", "pid", "version"))
+        last = self._last_instance
+        due = last is None or last[0] != key or now - last[1] >= self.settings.interval_s
+        if due and await self._publish(session, self.topic, encode(document)):
+            self._last_instance = (key, now)
+        if self.agent.role is Role.ACTIVE:
+            await asyncio.gather(
+                *(self._publish_device(session, d, now) for d in self.agent.devices)
+            )
+        else:
+            self._last_device.clear()  # a new active says it all again
+            self._last_availability.clear()
+
+    async def _publish_device(self, session: Session, device: str, now: float) -> None:
+        document, availability = self.device_document(device)
+        line = self.line.id
+        topic = self.settings.device_availability_topic(device, line)
+        if self._last_availability.get(device) != availability and await self._publish(
+            session, topic, availability, content_type="text/plain"
+        ):
+            self._last_availability[device] = availability
+        key = _changed(document, ("time", "temperature"))
+        last = self._last_device.get(device)
+        # A device going offline or paused is said at once; its values at most once a
+        # second; all of it every interval.
+        due = (
+            last is None
+            or any(last[0].get(k) != key.get(k) for k in ("availability", "controller"))
+            or (last[0] != key and now - last[1] >= DEVICE_MIN_INTERVAL_S)
+            or now - last[1] >= self.settings.interval_s
+        )
+        topic = self.settings.device_status_topic(device, line)
+        if due and await self._publish(session, topic, encode(document)):
+            self._last_device[device] = (key, now)
+
+    async def _publish(
+        self, session: Session, topic: str, payload: bytes, *, content_type: str = CONTENT_TYPE
+    ) -> bool:
+        try:
+            await session.publish(
+                topic,
+                payload,
+                qos=1,
+                retain=True,
+                content_type=content_type,
+                timeout=PUBLISH_TIMEOUT_S,
+            )
+        except SessionError as exc:
+            log.debug("health: %s not published: %s", topic, exc)
+            return False
+        return True
+
+    async def going_offline(self) -> None:
+        """The active is stopping: its devices are offline until the next active says
+        otherwise. QoS 0, sent at once: before the lock's release, and so before anything
+        the next active publishes."""
+        session = self.agent.session
+        if session is None or not session.connected:
+            return
+        for device in self.agent.devices:
+            topic = self.settings.device_availability_topic(device, self.line.id)
+            with contextlib.suppress(SessionError):
+                await session.publish(topic, OFFLINE, qos=0, retain=True)
+
+    async def stopped(self) -> None:
+        """A clean stop: says "down" itself (the will is for the unclean ones)."""
+        self._stopped = True
+        session = self.agent.session
+        if session is None or not session.connected:
+            return
+        document = self.instance_document(status="down")
+        document["reason"] = "stopped"
+        await self._publish(session, self.topic, encode(document))

@@ -1,0 +1,149 @@
+"""A local HTTP answer for scripts, load balancers and monitoring, in the spirit of
+Patroni's REST API: the status code says it, the body (JSON) says more.
+
+- `/`, `/active`, `/leader`, `/primary`, `/read-write`: 200 when this instance is active
+  (holds the line's lock, paused or not), else 503;
+- `/standby`, `/replica`: 200 when it is standby and not failing, else 503;
+- `/health`, `/readiness`: 200 unless it is failing (not connected to the broker, a job of
+  the agent stopped, or as active its line down), else 503;
+- `/paused`: 200 when the line is paused, else 503;
+- `/liveness`: 200 whenever the agent answers.
+
+GET, HEAD and OPTIONS; anything else is 405, an unknown path 404. Off unless
+`AGENT_HEALTH__PORT` is set; it listens on loopback unless `AGENT_HEALTH__HOST` says
+otherwise. Plain asyncio: a request line and headers of at most 8 KiB, read within 5 s, at
+most 16 connections at once (more are closed at once), one answer each, then closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("agent")
+
+MAX_REQUEST_BYTES = 8192
+READ_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 16
+
+Answer = Callable[[], dict[str, Any]]
+"""The instance's health document: at least `role` and `state` (running, paused, failing)."""
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            503: "Service Unavailable"}  # fmt: skip
+_ACTIVE = frozenset({"/", "/active", "/leader", "/primary", "/read-write"})
+_STANDBY = frozenset({"/standby", "/replica"})
+_HEALTH = frozenset({"/health", "/readiness"})
+
+
+def status_for(path: str, document: dict[str, Any]) -> int:
+    """The status code of `path` for an instance described by `document` (pure)."""
+    role, state = document.get("role"), document.get("state")
+    if path in _ACTIVE:
+        ok = role == "active"
+    elif path in _STANDBY:
+        ok = role == "standby" and state != "failing"
+    elif path in _HEALTH:
+        ok = role in ("active", "standby") and state != "failing"
+    elif path == "/paused":
+        ok = bool(document.get("paused"))
+    elif path == "/liveness":
+        ok = True
+    else:
+        return 404
+    return 200 if ok else 503
+
+
+class HealthEndpoint:
+    def __init__(self, host: str, port: int, answer: Answer) -> None:
+        self.host = host
+        self.port = port
+        self._answer = answer
+        self._server: asyncio.Server | None = None
+        self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> tuple[str, int]:
+        """Listens; returns the address (the port chosen, for port 0)."""
+        self._server = await asyncio.start_server(
+            self._serve, self.host, self.port, limit=MAX_REQUEST_BYTES
+        )
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self.port = port
+        return host, port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for task in list(self._connections):
+                task.cancel()
+            await asyncio.gather(*self._connections, return_exceptions=True)
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._slots.locked():
+            writer.close()  # too many at once: close, never queue
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            async with self._slots:
+                await self._answer_one(reader, writer)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def _answer_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except (TimeoutError, asyncio.IncompleteReadError):
+            return
+        except asyncio.LimitOverrunError:
+            await self._send(writer, 400, {"error": "request too large"}, head=False)
+            return
+        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = request_line.split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            await self._send(writer, 400, {"error": "not an HTTP request"}, head=False)
+            return
+        method, target = parts[0], parts[1]
+        path = target.split("?", 1)[0].rstrip("/") or "/"
+        if method not in ("GET", "HEAD", "OPTIONS"):
+            await self._send(writer, 405, {"error": f"{method} not allowed"}, head=False)
+            return
+        try:
+            document = self._answer()
+        except Exception:  # a bug must not take the endpoint down: say failing
+            log.exception("health endpoint: no answer")
+            document = {"role": "unknown", "state": "failing"}
+        code = status_for(path, document)
+        body = document if code != 404 else {"error": f"no such path: {path}"}
+        await self._send(writer, code, body, head=method == "HEAD")
+
+    async def _send(
+        self, writer: asyncio.StreamWriter, code: int, body: dict[str, Any], *, head: bool
+    ) -> None:
+        payload = json.dumps(body, separators=(",", ":")).encode() + b"\n"
+        headers = [
+            f"HTTP/1.1 {code} {_REASONS.get(code, 'Error')}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(payload)}",
+            "Cache-Control: no-cache",
+            "Connection: close",
+        ]
+        if code == 405:
+            headers.append("Allow: GET, HEAD, OPTIONS")
+        writer.write(("\r\n".join(headers) + "\r\n\r\n").encode() + (b"" if head else payload))
+        async with asyncio.timeout(READ_TIMEOUT_S):
+            await writer.drain()
