@@ -22,7 +22,7 @@ from tests.support.rig import ACTIVE, STANDBY, STEPPED_DOWN, Rig
 DUPLICATE = re.compile(r"another process .*instance id")
 WAITING = re.compile(r"waiting ([0-9.]+) s for the previous lease to end")
 PUBLISHED_AT_TAKEOVER = re.compile(r"published set point (\S+)")
-TOOK_OVER = re.compile(r"took over \d+ device|line open: ")
+TOOK_OVER = re.compile(r"line open: ")
 
 
 def log_time(line: str) -> float:

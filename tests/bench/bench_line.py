@@ -26,7 +26,7 @@ Then, at N = 32 and the first baud rate:
 5. One dead unit among 32: cycle time and remote-change latency to the others, with and
    without it.
 6. Takeover after SIGKILL of the active of a pair: from the kill until every device is
-   served again (the new active's "took over" line), against TTL + 300 ms + one reconcile
+   served again (the new active's "line open" line), against TTL + 300 ms + one reconcile
    pass (its duration is in that line, and printed).
 """
 
@@ -56,7 +56,7 @@ from tests.support.rig import ACTIVE, STANDBY, LineRig
 CPU_TARGET_N32 = 0.02
 RSS_TARGETS_MB = {32: 60, 128: 80}
 CYCLE_FACTOR = 1.2
-TOOK_OVER = re.compile(r"took over (\d+) device\(s\) in (\d+) ms")
+TOOK_OVER = re.compile(r"line open: (\d+) device\(s\) reconciled in (\d+) ms")
 
 
 @dataclass
