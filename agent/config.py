@@ -125,7 +125,8 @@ class MqttSettings(BaseModel):
     )
     keepalive_s: Annotated[int, Field(ge=1, le=65535)] = Field(
         default=10,
-        description="MQTT keep-alive; a dead link is noticed after about twice this.",
+        description="MQTT keep-alive; a dead link is noticed within this much silence from "
+        "the broker (a PINGREQ after half of it, unanswered for the other half).",
     )
     connect_timeout_s: Annotated[float, Field(gt=0)] = Field(
         default=10.0, description="Bound on each connection attempt (TCP, TLS and CONNACK)."

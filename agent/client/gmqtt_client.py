@@ -9,6 +9,8 @@ checked in one place (gmqtt is pinned to 0.8.x):
   ``_handle_puback_packet`` is wrapped.
 - gmqtt's ``publish()`` does not return the packet id: ``_connection.publish`` is called.
 - Dropping the TCP connection at once needs ``_connection._transport``.
+- The dead-link watchdog (``link``) reads when the connection last received anything
+  (``_connection._last_data_in``) and sends PINGREQs with ``_connection._send_ping_request``.
 - The exception a connection ends with (a TLS alert) is only logged by gmqtt: the protocol's
   ``connection_lost`` is wrapped in ``_create_connection`` to report it, and gmqtt's own
   log line of it (a traceback) is filtered out.
@@ -192,6 +194,23 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
 
     def unsubscribe_mid(self, topic_filter: str) -> int:
         return int(self.unsubscribe(topic_filter))
+
+    @property
+    def keepalive(self) -> float:
+        """The keep-alive in force: ours, or the broker's Server Keep Alive from CONNACK."""
+        connection = self._connection
+        return float(connection.keepalive) if connection is not None else 0.0
+
+    @property
+    def last_heard(self) -> float:
+        """When (time.monotonic()) the connection last received a packet."""
+        return float(self._connection._last_data_in)
+
+    def ping(self) -> None:
+        """Send a PINGREQ."""
+        connection = self._connection
+        if connection is not None and not connection.is_closing():
+            connection._send_ping_request()
 
     def abort(self) -> None:
         """Drop the TCP connection at once (no DISCONNECT, no TLS close_notify)."""

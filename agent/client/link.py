@@ -8,12 +8,20 @@ link's in-flight window from the moment it is sent until its acknowledgement or 
 link, even when its caller stopped waiting: the packet id stays in use at the broker. The window
 is the broker's Receive Maximum (from CONNACK), within our own cap, so that gmqtt never raises
 ``OverflowError`` and the broker never disconnects us for exceeding it.
+
+A connected link watches for a dead network path (a half-open TCP connection, a black hole):
+once nothing has come from the broker for half a keep-alive, a PINGREQ goes out, and if still
+nothing has come half a keep-alive after it, the link is declared dead and dropped. A link is
+thus noticed dead within one keep-alive of the last packet received (gmqtt alone closes it only
+after two keep-alives of silence, checked every half keep-alive: up to 2.5). The PINGREQ is
+what makes a quiet but healthy broker answer; an answer, or any other packet, clears it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +53,10 @@ class Link:
         self.limit = 1
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.up_since = 0.0
+        self._watchdog: asyncio.Handle | None = None
+        self._last_look = False
+        self._pinged_at: float | None = None  # an unanswered PINGREQ of the watchdog
+        self._on_dead: Callable[[], None] = lambda: None
 
     def connack(self, receive_maximum: int, subscription_identifiers: bool, cap: int) -> None:
         """Size the window from a successful CONNACK (``cap``: our own maximum in flight)."""
@@ -75,6 +87,50 @@ class Link:
         self.pending[mid] = ack
         return ack
 
+    def watch(self, on_dead: Callable[[], None]) -> None:
+        """Start the dead-link watchdog (see the module's docstring); ``on_dead`` is called
+        once the link is declared dead, with ``transport_error`` saying why."""
+        self._on_dead = on_dead
+        self._check_alive()
+
+    def _check_alive(self) -> None:
+        self._watchdog = None
+        client = self.client
+        if self.lost.is_set() or client is None:
+            return
+        half = client.keepalive / 2
+        if half <= 0:
+            return  # the broker turned keep-alive off (Server Keep Alive 0)
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        heard = client.last_heard
+        if self._pinged_at is None or heard >= self._pinged_at:
+            # Nothing unanswered: ping once the broker has been quiet for half a keep-alive.
+            self._pinged_at = None
+            due = heard + half
+            if now >= due:
+                client.ping()
+                self._pinged_at, due = now, now + half
+        else:
+            due = self._pinged_at + half
+            if now >= due:
+                if not self._last_look:
+                    # What came while this process did not run (paused, a stalled loop) is
+                    # read by gmqtt's reader task after this timer: one more turn lets it.
+                    self._last_look = True
+                    self._watchdog = loop.call_soon(self._check_alive)
+                    return
+                self.ended_with(
+                    SessionTimeout(
+                        f"no answer to a PINGREQ within {half:g} s, nothing received for "
+                        f"{now - heard:.1f} s (keep-alive {2 * half:g} s): the link is dead"
+                    )
+                )
+                self._on_dead()
+                return
+        self._last_look = False
+        self._watchdog = loop.call_later(due - now, self._check_alive)
+
     def ended_with(self, error: BaseException) -> None:
         if self.transport_error is None:
             self.transport_error = error
@@ -95,6 +151,9 @@ class Link:
         if self.lost.is_set():
             return False
         self.lost.set()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self.client is not None:
             self.client.abort()
         pending = list(self.pending.values())
@@ -170,6 +229,7 @@ async def open_link(
             if link.lost.is_set():
                 raise NotConnected("the broker closed the connection right after CONNACK")
             ok = True
+            link.watch(lambda: on_lost(link, None))
             return link
         if lost in done:
             if isinstance(link.transport_error, ssl.SSLError):

@@ -212,13 +212,22 @@ class Rig:
         self.background.call(write)
 
     def broker_down(self) -> None:
+        """The broker stops, the store keeping its contents (the rig's own client is made
+        anew when next used)."""
+        if self._client is not None:
+            self._client.drop()
+            self._client = None
         self.background.run(self.store.broker.stop())
 
     def broker_up(self) -> None:
         self.background.run(self.store.broker.start())
 
-    def store_restart_forgetting(self, outage_s: float = 0.0) -> None:
-        """The emulator restarts without its contents: the lock and the set point vanish."""
+    def store_restart_forgetting(
+        self, outage_s: float = 0.0, setpoint: bytes | None = None
+    ) -> None:
+        """The emulator restarts without its contents: the lock and the set point vanish.
+        `setpoint`: the new store holds this set point before anyone reaches it (a change
+        made while the agents were away)."""
         if self._client is not None:
             self._client.drop()
             self._client = None
@@ -226,6 +235,8 @@ class Rig:
         if outage_s:
             time.sleep(outage_s)  # the outage is the fault itself, not a wait for an event
         self.store = EmbeddedStateStore("127.0.0.1", self.port)
+        if setpoint is not None:
+            self.background.call(lambda: self._write(SETPOINT_KEY, setpoint))
         self.background.run(self.store.start())
 
     # ------------------------------------------------------------------ the device

@@ -1,0 +1,78 @@
+"""The session notices a dead link (a black hole: nothing is closed, nothing comes back)
+within one keep-alive of the last packet it received, and comes back once the path does."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agent.client.session import Session
+from agent.emulator.embedded import EmbeddedStateStore
+from tests.client.conftest import LogWatch, fast_settings
+from tests.harness.proxy import FaultProxy
+from tests.support.ports import free_port
+
+KEEPALIVE_S = 4
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[FaultProxy]:
+    store = EmbeddedStateStore("127.0.0.1", free_port())
+    await store.start()
+    proxy = await FaultProxy(("127.0.0.1", store.port)).start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+        await store.stop()
+
+
+async def test_a_black_holed_link_is_dropped_within_one_and_a_half_keep_alives(
+    proxy: FaultProxy, log_watch: LogWatch
+) -> None:
+    session = Session(fast_settings(proxy.port, keepalive_s=KEEPALIVE_S), client_id="dead-link")
+    lost = asyncio.Event()
+    session.on_disconnect(lost.set)
+    await session.start(timeout=5)
+    try:
+        await session.publish("dead/link", b"before")
+        proxy.blackhole()
+        holed_at = time.monotonic()
+        # gmqtt alone waits for two keep-alives of silence, checked every half keep-alive.
+        await asyncio.wait_for(lost.wait(), 1.5 * KEEPALIVE_S)
+        noticed_s = time.monotonic() - holed_at
+        record = await log_watch.wait_for("lost its connection")
+        assert "no answer to a PINGREQ" in record.getMessage(), record.getMessage()
+        assert noticed_s <= 1.5 * KEEPALIVE_S
+        assert not session.connected
+
+        proxy.set_pass()
+        await session.wait_connected(timeout=10)
+        await session.publish("dead/link", b"after", timeout=5)
+    finally:
+        await session.stop()
+
+
+async def test_a_quiet_healthy_link_is_kept(proxy: FaultProxy, log_watch: LogWatch) -> None:
+    pings = LogWatch()
+    gmqtt_log = logging.getLogger("gmqtt.mqtt.handler")
+    level = gmqtt_log.level
+    gmqtt_log.addHandler(pings)
+    gmqtt_log.setLevel(logging.DEBUG)
+    session = Session(fast_settings(proxy.port, keepalive_s=1), client_id="quiet-link")
+    lost = asyncio.Event()
+    session.on_disconnect(lost.set)
+    await session.start(timeout=5)
+    try:
+        # Nothing but keep-alive traffic: five PINGREQs, each answered by a PINGRESP.
+        await pings.wait_for_count("PINGRESP", 5, within=10)
+        assert session.connected and not lost.is_set()
+        assert not log_watch.matching("lost its connection")
+    finally:
+        await session.stop()
+        gmqtt_log.removeHandler(pings)
+        gmqtt_log.setLevel(level)
