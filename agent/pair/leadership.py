@@ -158,6 +158,11 @@ class Leadership:
             self.active_event.set()
 
     def _on_lost(self, reason: LossReason) -> None:
+        if reason is LossReason.DEADLINE_PASSED:
+            # Renewals went unanswered for a lease: what this instance sent and the link
+            # holds (a partition) must never reach the store after another holder took
+            # the lock. A reset link drops it; the session reconnects.
+            self.session.drop_link(f"lease of {self.lock_key} ended unanswered")
         self._spawn(self.step_down(reason.value))
 
     async def step_down(self, reason: str) -> None:

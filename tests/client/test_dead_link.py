@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agent.client.session import Session
+from agent.client.session import Session, SessionError
 from agent.emulator.embedded import EmbeddedStateStore
 from tests.client.conftest import LogWatch, fast_settings
 from tests.harness.proxy import FaultProxy
@@ -76,3 +76,34 @@ async def test_a_quiet_healthy_link_is_kept(proxy: FaultProxy, log_watch: LogWat
         await session.stop()
         gmqtt_log.removeHandler(pings)
         gmqtt_log.setLevel(level)
+
+
+async def test_a_dropped_link_never_delivers_what_it_held(proxy: FaultProxy) -> None:
+    """drop_link() resets the connection: a message held by a partition is dropped with it,
+    not delivered when the path comes back; the session reconnects by itself."""
+    watcher = Session(fast_settings(proxy.target[1]), client_id="watcher")
+    await watcher.start(timeout=5)
+    seen: asyncio.Queue[bytes] = asyncio.Queue()
+    await watcher.subscribe("dropped/link", lambda message: seen.put_nowait(message.payload))
+    session = Session(fast_settings(proxy.port, keepalive_s=60), client_id="dropped-link")
+    lost = asyncio.Event()
+    session.on_disconnect(lost.set)
+    await session.start(timeout=5)
+    try:
+        proxy.blackhole()
+        held = asyncio.ensure_future(session.publish("dropped/link", b"stale"))
+        await asyncio.sleep(0)  # sent into the black hole
+        session.drop_link("the lease ended unanswered")
+        await asyncio.wait_for(lost.wait(), 5)
+        with pytest.raises(SessionError):
+            await asyncio.wait_for(held, 5)
+        async with asyncio.timeout(5):
+            while not proxy.stats.resets:  # noqa: ASYNC110 (a counter, not an event)
+                await asyncio.sleep(0.01)
+        proxy.set_pass()
+        await session.wait_connected(timeout=10)
+        await session.publish("dropped/link", b"after", timeout=5)
+        assert await asyncio.wait_for(seen.get(), 5) == b"after"
+    finally:
+        await session.stop()
+        await watcher.stop()

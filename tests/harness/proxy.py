@@ -8,7 +8,8 @@ Controlled while traffic flows, from the event loop it runs in:
 - `drop()`: new connections are closed at once (a refusing broker); open ones go on.
 - `blackhole()`: a half-open link: bytes are accepted from both sides and forwarded
   nowhere, and nothing is closed. When it ends, what was held goes through, as TCP would
-  retransmit it over a link that came back (a peer that gave up meanwhile has closed).
+  retransmit it over a link that came back (a peer that gave up meanwhile has closed),
+  except what a side sent before it reset its connection (RST drops it).
 - `cut()`: every open connection is reset (RST), then the proxy passes again.
 
 It counts connections and bytes each way.
@@ -30,6 +31,7 @@ class ProxyStats:
     refused: int = 0
     bytes_in: int = 0  # client -> broker
     bytes_out: int = 0  # broker -> client
+    resets: int = 0  # connections reset by either side
     connected_at: list[float] = field(default_factory=list)
 
 
@@ -124,12 +126,19 @@ class FaultProxy:
     ) -> None:
         # Chunks due at a time: a delayed link keeps their order.
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(maxsize=10_000)
-        sender = self._spawn(self._send(queue, writer, side))
+        discarded: list[bool] = []
+        sender = self._spawn(self._send(queue, writer, side, discarded))
         try:
             while data := await reader.read(65536):
                 await queue.put((time.monotonic() + self.delays[side], data))
         except (ConnectionError, OSError):
-            pass
+            self.stats.resets += 1
+            if not self._flowing.is_set():
+                # Reset by its sender while held: a TCP stack that resets a connection
+                # drops what it had not got acknowledged, so it never arrives.
+                discarded.append(True)
+                while not queue.empty():
+                    queue.get_nowait()
         finally:
             await queue.put(None)
             await sender
@@ -139,6 +148,7 @@ class FaultProxy:
         queue: asyncio.Queue[tuple[float, bytes] | None],
         writer: asyncio.StreamWriter,
         side: str,
+        discarded: list[bool],
     ) -> None:
         try:
             while (item := await queue.get()) is not None:
@@ -147,6 +157,8 @@ class FaultProxy:
                 if wait > 0:
                     await asyncio.sleep(wait)
                 await self._flowing.wait()  # held while the link is a black hole
+                if discarded:
+                    break
                 writer.write(data)
                 if side == "in":
                     self.stats.bytes_in += len(data)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -111,3 +113,27 @@ async def test_cut_resets_open_connections_then_passes(proxy: FaultProxy) -> Non
     writer.write(b"again")
     assert await asyncio.wait_for(reader.readexactly(5), 2) == b"again"
     writer.close()
+
+
+async def test_blackhole_drops_what_a_side_sent_before_it_reset(proxy: FaultProxy) -> None:
+    """A TCP stack that resets a connection drops what the peer has not acknowledged: the
+    held bytes of a client that reset never reach the broker, even once the link heals."""
+    _, writer = await connect(proxy)
+    await until(lambda: proxy.open_connections == 1)
+    proxy.blackhole()
+    writer.write(b"stale write")
+    await writer.drain()
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+    await until(lambda: proxy.stats.resets > 0)  # the proxy has seen the reset
+    proxy.set_pass()  # the link heals
+    await until(lambda: proxy.open_connections == 0)
+    assert proxy.stats.bytes_in == 0
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Polls a counter of the proxy (it has no event for it) until `condition` holds."""
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 (a counter, not an event)
+            await asyncio.sleep(0.01)
