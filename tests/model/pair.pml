@@ -30,9 +30,12 @@
  *   TRUST_ABSENCE  a lock absent after a reconnect ends the lock delay, sync record or not
  *   SHORT_MARGIN   a margin one tick short of WDUR + 2 * DRIFT
  *   LONG_DELAY     a write may take MARGIN - DRIFT + 1 ticks to reach the store: (2) then
- *                  fails whatever the protocol does; (2') holds (check with NO_STRICT)
+ *                  fails whatever the protocol does, so this checks (2') instead, which
+ *                  holds; with NO_FENCING as well, (2') fails
  * RECHECK_DELAY: a lease re-reads the lock delay until it is over, instead of computing its
  * wait once at the acquisition. STORE_KEEPS: the store never restarts without its contents.
+ * NO_SHORTCUT: store_kept_its_contents left out (the lock delay is never cut by a record).
+ * NO_EXITS: no process stops or crashes (a smaller model for a quick check).
  * And WITNESS asserts that no lease taken after a store restart ever drives, so that the
  * search must show one that does: the model is not safe by being stuck.
  */
@@ -59,7 +62,7 @@
 #define LOCKDELAY    20
 #define DRIFT         1
 #define WDUR          0
-#else
+#elif SCALE == 3
 #define TICK_MS     300
 #define TTL          10
 #define RENEW         3
@@ -67,6 +70,8 @@
 #define LOCKDELAY    10
 #define DRIFT         0
 #define WDUR          0
+#else
+#error "SCALE is 1, 2 or 3"
 #endif
 #ifdef SHORT_MARGIN
 #define MARGIN (MARGIN_ - 1)
@@ -360,6 +365,8 @@ inline look(i) {
         lk[i] = 0;
 #ifdef TRUST_ABSENCE
         if :: true ->
+#elif defined(NO_SHORTCUT)
+        if :: false ->
 #else
         if :: REC ->
 #endif
@@ -420,7 +427,9 @@ inline nex_answer(i) {
         fi;
         if
         :: na[i] == 1 && ND(i) > 0 && held[i] ->      /* renewed: the same lease */
-            push(dl[i], ND(i)); dbt[i] = 0;
+            /* Through x: spin drops the "Lr" of ND's text when it is an inline's
+             * argument. */
+            x = ND(i); push(dl[i], x); x = 0; dbt[i] = 0;
 #ifdef STORE
             push(tok[i], iss[i]);
 #endif
@@ -542,8 +551,10 @@ inline instance(i) {
     :: nex_answer(i)
     :: deleted(i)
     :: write(i)
+#ifndef NO_EXITS
     :: stop(i)
     :: exit_process(i)
+#endif
     fi
 }
 
@@ -593,7 +604,9 @@ inline lose_message(i) {
     :: d_step { wq[i] != 0 -> wq[i] = 0; wk[i] = 0; compact(); canon() }
 #endif
     :: d_step { conn[i] -> drop(i); printf("%d: link drops\n", i); canon() }
+#ifndef NO_EXITS
     :: crash(i)
+#endif
     fi
 }
 
