@@ -26,6 +26,7 @@ class LossReason(Enum):
     RENEWAL_REFUSED = "renewal refused: another holder has the lock"
     DEADLINE_PASSED = "local lease deadline passed"
     FENCED_WRITE_REJECTED = "a fenced write was rejected: a newer holder wrote"
+    LEASE_FORGOTTEN = "the store no longer has the lease (it restarted without its contents?)"
 
 
 RENEWALS_PER_TTL = 3
@@ -110,7 +111,8 @@ class LeasedLock:
         """The link to the store was down: a store that restarted meanwhile may have
         forgotten the lease and handed it to someone else. Until a renewal sent from now on
         succeeds, `token` is None, so that no fenced write goes out with a token the store
-        may no longer stand behind."""
+        may no longer stand behind; and a renewal first reads the lock: gone, or another's,
+        the lease is lost."""
         if self._token is not None:
             self._doubted_at = self._monotonic()
 
@@ -164,6 +166,17 @@ class LeasedLock:
         if self._ttl_ms is None or self._token is None:
             return None
         epoch = self._epoch
+        if self._doubted_at is not None:
+            # SET NEX cannot tell extending our lock from creating it anew: after a store
+            # that forgot it (and maybe gave it to another, whose lease it forgot too), a
+            # "renewal" would be a new lease driving without the lock delay. Only a lock
+            # still ours is renewed.
+            holder, _ = await self.client.get(self.key, timeout=timeout)
+            if epoch != self._epoch:
+                return None
+            if holder != self.holder:
+                self._lose(LossReason.LEASE_FORGOTTEN)
+                return None
         token = await self.try_acquire(self._ttl_ms, timeout=timeout)
         if token is None and epoch == self._epoch:
             self._lose(LossReason.RENEWAL_REFUSED)
