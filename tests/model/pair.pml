@@ -337,15 +337,15 @@ inline drop(i) {
 }
 
 /* A lease lost to its deadline resets the link (Leadership._on_lost, Session.drop_link):
- * what the instance sent and the link still holds is dropped, its requests fail. Each of
- * these could happen anyway (lose_message): this only removes behaviours. */
+ * its requests fail, answers and notifications on their way are lost; the instance
+ * reconnects (a lock delay, in doubt of nothing: no lease). This could happen anyway
+ * (lose_message): it only removes behaviours. A store write on its way is kept, as in
+ * drop(): the reset drops what the link still holds, but a write may be at the broker
+ * already, and keeping it only adds behaviours (without it, LONG_DELAY's late write
+ * could never arrive and NO_FENCING would give no counterexample). */
 inline drop_link(i) {
     if :: conn[i] -> printf("%d: resets its link\n", i) :: else -> skip fi;
-    drop(i);
-#ifdef STORE
-    wq[i] = 0; wk[i] = 0;
-#endif
-    skip
+    drop(i)
 }
 
 /* ---------------------------------------------------------------- instance steps */
