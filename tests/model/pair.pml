@@ -29,6 +29,9 @@
  *   NO_CONFIRM     after a reconnect, writes go out with the token from before it
  *   TRUST_ABSENCE  a lock absent after a reconnect ends the lock delay, sync record or not
  *   SHORT_MARGIN   a margin one tick short of WDUR + 2 * DRIFT
+ *   NO_GET         a renewal in doubt sends SET NEX at once, without reading L first
+ *                  (the code before the fix: a NEX that re-creates a forgotten L counts
+ *                  as a renewal of the same lease)
  *   LONG_DELAY     a write may take MARGIN - DRIFT + 1 ticks to reach the store: (2) then
  *                  fails whatever the protocol does, so this checks (2') instead, which
  *                  holds; with NO_FENCING as well, (2') fails
@@ -107,6 +110,8 @@ bit  held[2];             /* lease held locally (LeasedLock.held) */
 bit  gate[2];             /* active: the lock delay is over for the current lease (latched) */
 byte gw[2];               /* ticks the current lease still waits, as computed at acquisition */
 byte na[2];               /* a SET L NEX awaits its answer: 0 none, 1 applied, 2 refused */
+byte ga[2];               /* a renewal in doubt awaits its GET L: 0 none, 1 L was ours at
+                             the store, 2 it was not (absent, or another's) */
 bit  dn[2];               /* L's DELETE notification on the way */
 bit  lk[2];               /* back on the link as standby, L seen absent: records read next */
 bit  stp[2];              /* stopping (SIGTERM): writes no more, releases L next */
@@ -175,15 +180,15 @@ byte x, y;                /* scratch, 0 between steps */
 #endif
 #define KEY1(i) ((((((conn[i] * 2 + held[i]) * 2 + gate[i]) * 4 + na[i]) * 2 + dn[i]) * 64 \
                  + dl[i]) * 64 + fr[i])
-#define KEY2(i) ((((((SKEY(i)) * 64 + gw[i]) * 2 + lk[i]) * 2 + stp[i]) * 2 + dbt[i]) \
-                 * 2 + DKEY(i)) * 2 + WKEY(i)
+#define KEY2(i) (((((((SKEY(i)) * 64 + gw[i]) * 2 + lk[i]) * 2 + stp[i]) * 2 + dbt[i]) \
+                 * 2 + DKEY(i)) * 2 + WKEY(i)) * 4 + ga[i]
 #define SWAP(v) y = v[0]; v[0] = v[1]; v[1] = y;
 
 inline canon() {
 #ifndef NO_SYMMETRY
     if
     :: KEY1(1) < KEY1(0) || (KEY1(1) == KEY1(0) && KEY2(1) < KEY2(0)) ->
-        SWAP(conn) SWAP(held) SWAP(gate) SWAP(gw) SWAP(na) SWAP(dn) SWAP(lk) SWAP(stp)
+        SWAP(conn) SWAP(held) SWAP(gate) SWAP(gw) SWAP(na) SWAP(ga) SWAP(dn) SWAP(lk) SWAP(stp)
         SWAP(dbt) SWAP(dl) SWAP(fr)
 #ifdef STORE
         SWAP(tok) SWAP(wq) SWAP(wk) SWAP(iss)
@@ -276,12 +281,12 @@ inline observe() {
     skip
 }
 
-/* A loss (a refused renewal, the local deadline) stops the driving at once and ends the
- * lease (LeasedLock._lose); the lock delay is left as it is. An answer still on its way
- * belongs to the lost lease and is ignored. */
+/* A loss (a refused renewal, a lease the store forgot, the local deadline) stops the
+ * driving at once and ends the lease (LeasedLock._lose); the lock delay is left as it is.
+ * An answer still on its way belongs to the lost lease and is ignored (the epoch). */
 inline lose(i) {
     printf("%d: lease lost\n", i);
-    held[i] = 0; gate[i] = 0; gw[i] = 0; dl[i] = 0; na[i] = 0; dbt[i] = 0;
+    held[i] = 0; gate[i] = 0; gw[i] = 0; dl[i] = 0; na[i] = 0; ga[i] = 0; dbt[i] = 0;
 #ifdef STORE
     tok[i] = 0;
 #endif
@@ -318,7 +323,7 @@ inline seen_other(i) {    /* LockDelay.seen_held: a GET or a refused NEX showed 
  * way are lost, the client fails what it waited for (clean start: nothing is resent). A
  * write already on its way may still be applied. */
 inline drop(i) {
-    conn[i] = 0; na[i] = 0; dn[i] = 0; lk[i] = 0;
+    conn[i] = 0; na[i] = 0; ga[i] = 0; dn[i] = 0; lk[i] = 0;
 #ifndef DROP_RULE
     if :: !held[i] -> fr[i] = 0 :: else -> skip fi;  /* connect() sets it again */
 #endif
@@ -329,6 +334,18 @@ inline drop(i) {
     fi;
 #endif
     skip
+}
+
+/* A lease lost to its deadline resets the link (Leadership._on_lost, Session.drop_link):
+ * its requests fail, answers and notifications on their way are lost; the instance
+ * reconnects (a lock delay, in doubt of nothing: no lease). This could happen anyway
+ * (lose_message): it only removes behaviours. A store write on its way is kept, as in
+ * drop(): the reset drops what the link still holds, but a write may be at the broker
+ * already, and keeping it only adds behaviours (without it, LONG_DELAY's late write
+ * could never arrive and NO_FENCING would give no counterexample). */
+inline drop_link(i) {
+    if :: conn[i] -> printf("%d: resets its link\n", i) :: else -> skip fi;
+    drop(i)
 }
 
 /* ---------------------------------------------------------------- instance steps */
@@ -384,25 +401,72 @@ inline look(i) {
  * at any moment, not only every RENEW ticks. One awaits its answer at a time: overlapping
  * ones are covered, as an answer only ever moves the deadline to its own send time +
  * TTL - MARGIN (the later of the two, LeasedLock._settle), and each request extends L. */
+inline apply_nex(i) {
+    printf("%d: sends SET L NEX\n", i);
+    if
+    :: Lh == 0 || Lh == i + 1 ->
+#ifdef STORE
+        if
+        :: Lh == 0 -> new_serial(iss[i])    /* a new lease */
+        :: else -> skip                     /* a renewal: the same lease */
+        fi;
+#endif
+        printf("store: L = %d for %d ticks\n", i, TTL);
+        Lh = i + 1; Lr = TTL; na[i] = 1
+        /* The SET notification to the other instance is left out (as if lost): it
+         * could only lengthen that instance's lock delay. */
+    :: else -> na[i] = 2
+    fi
+}
+
+/* An acquisition, or a renewal of a lease not in doubt: SET NEX at once
+ * (LeasedLock.try_acquire, LeasedLock.renew). NO_GET: a renewal in doubt too. */
+#ifdef NO_GET
+#define NEX_NOW(i) true
+#else
+#define NEX_NOW(i) (!held[i] || !dbt[i])
+#endif
 inline send_nex(i) {
     d_step {
-        conn[i] && na[i] == 0 && !stp[i] ->
-        printf("%d: sends SET L NEX\n", i);
-        if
-        :: Lh == 0 || Lh == i + 1 ->
-#ifdef STORE
-            if
-            :: Lh == 0 -> new_serial(iss[i])    /* a new lease */
-            :: else -> skip                     /* a renewal: the same lease */
-            fi;
-#endif
-            printf("store: L = %d for %d ticks\n", i, TTL);
-            Lh = i + 1; Lr = TTL; na[i] = 1
-            /* The SET notification to the other instance is left out (as if lost): it
-             * could only lengthen that instance's lock delay. */
-        :: else -> na[i] = 2
-        fi;
+        conn[i] && na[i] == 0 && ga[i] == 0 && !stp[i] && NEX_NOW(i) ->
+        apply_nex(i);
         COMPACT; canon()
+    }
+}
+
+/* A renewal in doubt (LeasedLock.renew after doubt()) reads L first: SET NEX cannot tell
+ * extending L from creating it anew after a store that forgot it. The GET and the SET
+ * are two requests: the GET is applied now, its answer comes back later, and the store
+ * may change in between (L expires, the store restarts; a restart drops the link, and
+ * with it the answer). */
+inline send_get(i) {
+    d_step {
+        conn[i] && na[i] == 0 && ga[i] == 0 && !stp[i] && !NEX_NOW(i) ->
+        printf("%d: in doubt, sends GET L\n", i);
+        if
+        :: Lh == i + 1 -> ga[i] = 1
+        :: else -> ga[i] = 2
+        fi;
+        canon()
+    }
+}
+
+/* Its answer (for the lease it was sent for: a loss clears ga). L not ours: the lease is
+ * lost (LossReason.LEASE_FORGOTTEN), no SET goes out; the instance contends again like
+ * after any loss. L ours: the SET NEX goes out at once, in the same step (no await
+ * between the answer and the send). */
+inline get_answer(i) {
+    d_step {
+        ga[i] != 0 ->
+        if
+        :: ga[i] == 2 ->
+            printf("%d: L is not ours at the store: lease forgotten\n", i);
+            lose(i)
+        :: ga[i] == 1 && !stp[i] -> ga[i] = 0; apply_nex(i)
+        :: ga[i] == 1 && stp[i] -> skip      /* stopping: no renewal goes out */
+        fi;
+        ga[i] = 0;
+        observe(); COMPACT; canon()
     }
 }
 
@@ -501,8 +565,8 @@ inline stop(i) {
 }
 
 inline restart_process(i) {
-    conn[i] = 0; held[i] = 0; gate[i] = 0; gw[i] = 0; na[i] = 0; dn[i] = 0; lk[i] = 0;
-    stp[i] = 0; dbt[i] = 0; dl[i] = 0; fr[i] = 0;
+    conn[i] = 0; held[i] = 0; gate[i] = 0; gw[i] = 0; na[i] = 0; ga[i] = 0; dn[i] = 0;
+    lk[i] = 0; stp[i] = 0; dbt[i] = 0; dl[i] = 0; fr[i] = 0;
 #ifdef STORE
     tok[i] = 0;
 #endif
@@ -548,6 +612,8 @@ inline instance(i) {
     :: connect(i)
     :: look(i)
     :: send_nex(i)
+    :: send_get(i)
+    :: get_answer(i)
     :: nex_answer(i)
     :: deleted(i)
     :: write(i)
@@ -599,6 +665,7 @@ inline apply_write(i) {
 inline lose_message(i) {
     if
     :: d_step { na[i] != 0 -> na[i] = 0; canon() }
+    :: d_step { ga[i] != 0 -> ga[i] = 0; canon() }
     :: d_step { dn[i] -> dn[i] = 0; canon() }
 #ifdef STORE
     :: d_step { wq[i] != 0 -> wq[i] = 0; wk[i] = 0; compact(); canon() }
@@ -643,7 +710,7 @@ inline tick_instance(i) {
 #ifndef NO_DEADLINE
     dec(dl[i]);
     if
-    :: held[i] && dl[i] == 0 -> lose(i)
+    :: held[i] && dl[i] == 0 -> lose(i); drop_link(i)
     :: else -> skip
     fi;
 #endif
