@@ -74,6 +74,9 @@ class Leadership:
         # Asked before every contention: True while this instance leaves the lock to
         # another (a switchover in progress, see agent.runtime.control).
         self.hold_off: Callable[[], bool] = lambda: False
+        # Run before contending again after a lease the store no longer had: looks for a
+        # proof that the store kept its contents (see store_kept_its_contents).
+        self.look_before_contending: Callable[[], Awaitable[None]] | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -163,9 +166,10 @@ class Leadership:
             # holds (a partition) must never reach the store after another holder took
             # the lock. A reset link drops it; the session reconnects.
             self.session.drop_link(f"lease of {self.lock_key} ended unanswered")
-        self._spawn(self.step_down(reason.value))
+        look = reason is LossReason.LEASE_FORGOTTEN
+        self._spawn(self.step_down(reason.value, look_first=look))
 
-    async def step_down(self, reason: str) -> None:
+    async def step_down(self, reason: str, *, look_first: bool = False) -> None:
         if not self.lock.held:
             self.session.set_reconnect_ceiling(None)
         if self.role is not Role.ACTIVE:
@@ -178,6 +182,10 @@ class Leadership:
         log.warning("stepped down to standby: %s", reason)
         async with self._role_change:
             await self._step_down_line(reason)
+        if look_first and self.look_before_contending is not None:
+            # The lock was gone after a reconnect: expired during a broker outage, or
+            # forgotten by the store. A record kept in the store tells which.
+            await self.look_before_contending()
         await self.contend()
 
     async def hand_over(self, reason: str, drain: Callable[[], Awaitable[None]]) -> bool:

@@ -152,6 +152,7 @@ class Agent:
             on_switchover=self._on_switchover,
         )
         self.leadership.hold_off = self.control.hold_off
+        self.leadership.look_before_contending = self._look_at_the_lock
         for device in self.line.devices:
             self.devices[device.id] = DeviceSync(
                 device.id,
@@ -467,6 +468,13 @@ class Agent:
                 sync.reconcile_soon()
 
     async def _look_and_contend(self) -> None:
+        assert self.leadership is not None
+        await self._look_at_the_lock()
+        await self.leadership.contend()
+
+    async def _look_at_the_lock(self) -> None:
+        """Who holds the lock; absent, whether the store kept its contents (a sync record
+        is still there), so that a lease that merely expired is not waited out again."""
         assert self.client is not None and self.leadership is not None
         try:
             holder = await self.leadership.lock.current_holder()
@@ -479,7 +487,6 @@ class Agent:
                         break
         except (StateStoreError, SessionError) as exc:
             log.debug("could not look at the lock after reconnecting: %s", exc)
-        await self.leadership.contend()
 
     # ------------------------------------------------------------------ periodic jobs
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.protocol.resp3 import encode_request
 from tests.agent.test_clock_step import faked_env, libfaketime  # noqa: F401 (a fixture)
 from tests.support.processes import AgentProcess
-from tests.support.rig import ACTIVE, STANDBY, STEPPED_DOWN, Rig
+from tests.support.rig import ACTIVE, LOCK_KEY, STANDBY, STEPPED_DOWN, Rig
 
 DUPLICATE = re.compile(r"another process .*instance id")
 WAITING = re.compile(r"waiting ([0-9.]+) s for the previous lease to end")
@@ -277,3 +278,35 @@ def test_a_write_the_former_active_sent_into_a_partition_never_lands_when_it_hea
     active.drain()
     assert not any("published set point 18.5" in line for line in active.lines)
     assert rig.device_writes() == [24.5]
+
+
+# ------------------------------------------------------------------ 8. a lease gone at reconnect
+
+
+def test_a_lease_gone_at_reconnect_is_not_waited_out_when_the_store_kept_its_contents(
+    rig: Rig,
+) -> None:
+    """After a reconnect the active renews only a lock the store still has. Gone, it is a
+    lost lease; but a sync record still in the store proves the store did not forget its
+    contents (the lock expired or was deleted), so the active takes the lock again at once
+    instead of waiting a whole TTL of lock delay with nobody driving the line."""
+    active, _ = rig.start_active("a", via_proxy=True, AGENT_LOCK__TTL_MS="3000")
+    proxy = rig.proxies["a"]
+
+    def cut_and_refuse() -> None:
+        proxy.cut()
+        proxy.drop()
+
+    rig.background.call(cut_and_refuse)
+    rig.background.call(
+        lambda: rig.store.store.handle(
+            "remote", encode_request([b"DEL", LOCK_KEY.encode()]), None, None
+        )
+    )
+    rig.background.call(proxy.set_pass)
+    lost = active.wait_for_new(STEPPED_DOWN, timeout=10)
+    assert "no longer has the lease" in lost.string, lost.string
+    again = active.wait_for_new(ACTIVE, timeout=10)
+    active.drain()
+    assert not any(WAITING.search(line) for line in active.lines[-20:]), active.lines
+    assert log_time(again.string) - log_time(lost.string) < 1.0
