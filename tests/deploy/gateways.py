@@ -260,9 +260,12 @@ class Gateway:
             state = self.run(
                 "systemctl", "is-system-running", "--wait", check=False, timeout=timeout
             ).stdout.strip()
-            if state:
+            if state and state != "offline":
                 break
-            time.sleep(0.1)  # systemd has not opened its socket yet
+            # Nothing, or "offline": the init found may still be nspawn's short-lived helper
+            # or a systemd that has not opened its socket yet: look for it again.
+            time.sleep(0.1)
+            self.init_pid = self._find_init(deadline)
         if state not in ("running", "degraded"):
             raise GatewayError(f"{self.name} booted {state!r}: {self.describe()}")
         self.run("systemctl", "is-active", "--quiet", "ssh.service")
