@@ -266,6 +266,25 @@ async def _main(args: argparse.Namespace, settings: MqttSettings) -> int:
     return await with_client(args, settings, "agent store", lambda c: command(c, args))
 
 
+def run_one_shot(
+    args: argparse.Namespace,
+    name: str,
+    work: Callable[[StateStoreClient], Awaitable[int]],
+    check: Callable[[], None] = lambda: None,
+) -> int:
+    """What a one-shot command against the store does: logging, the connection settings and
+    the command's own `check` of its arguments (a UsageError is exit 2, said with `name`),
+    then `work` with a connected client (see with_client)."""
+    logs.setup(args.log_level)
+    try:
+        settings = connection_settings(args)
+        check()
+    except UsageError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(with_client(args, settings, name, work))
+
+
 async def with_client(
     args: argparse.Namespace,
     settings: MqttSettings,

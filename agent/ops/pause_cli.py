@@ -24,16 +24,13 @@ import sys
 import time
 from typing import Any
 
-from agent import logs
 from agent.client.cli import (
     EXIT_CONNECTION,
     EXIT_NOT_APPLIED,
     EXIT_OK,
-    EXIT_USAGE,
     UsageError,
     connection_options,
-    connection_settings,
-    with_client,
+    run_one_shot,
 )
 from agent.client.statestore import Condition, StateStoreClient
 from agent.ops import view
@@ -73,19 +70,14 @@ def _parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentPars
 
 
 def run(args: argparse.Namespace) -> int:
-    logs.setup(args.log_level)
     name = "agent pause" if args.pausing else "agent resume"
-    try:
-        settings = connection_settings(args)
+
+    def check() -> None:
         if args.wait < 0:
             raise UsageError("--wait must not be negative")
-    except UsageError as exc:
-        print(f"{name}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+
     templates = KeyTemplates()
-    return asyncio.run(
-        with_client(args, settings, name, lambda client: pause(client, args, templates, name))
-    )
+    return run_one_shot(args, name, lambda client: pause(client, args, templates, name), check)
 
 
 async def pause(

@@ -14,16 +14,13 @@ import asyncio
 import sys
 from typing import Any
 
-from agent import logs
 from agent.client.cli import (
     EXIT_CONNECTION,
     EXIT_NOT_APPLIED,
     EXIT_OK,
-    EXIT_USAGE,
     UsageError,
     connection_options,
-    connection_settings,
-    with_client,
+    run_one_shot,
 )
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.ops.keys import KeyTemplates, NoActive, NoLine, fenced_set, find
@@ -64,21 +61,15 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logs.setup(args.log_level)
-    try:
-        settings = connection_settings(args)
+    def check() -> None:
         if args.setpoint_command == "set":
-            parse_setpoint(args.value.encode())
-    except UsageError as exc:
-        print(f"{NAME}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except InvalidRemoteValue as exc:
-        print(f"{NAME}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+            try:
+                parse_setpoint(args.value.encode())
+            except InvalidRemoteValue as exc:
+                raise UsageError(str(exc)) from None
+
     keys = KeyTemplates().keys
-    return asyncio.run(
-        with_client(args, settings, NAME, lambda c: args.setpoint_func(c, args, keys))
-    )
+    return run_one_shot(args, NAME, lambda c: args.setpoint_func(c, args, keys), check)
 
 
 async def _get(client: StateStoreClient, args: argparse.Namespace, keys: Any) -> int:

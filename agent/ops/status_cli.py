@@ -27,13 +27,11 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TextIO
 
-from agent import logs
 from agent.client.cli import (
     EXIT_USAGE,
     UsageError,
     connection_options,
-    connection_settings,
-    with_client,
+    run_one_shot,
 )
 from agent.client.statestore import StateStoreClient
 from agent.ops import view
@@ -70,14 +68,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logs.setup(args.log_level)
-    try:
-        settings = connection_settings(args)
+    def check() -> None:
         if args.interval <= 0:
             raise UsageError("--interval must be positive")
-    except UsageError as exc:
-        print(f"{NAME}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+
     templates = KeyTemplates()
 
     async def work(client: StateStoreClient) -> int:
@@ -92,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             stop=stop,
         )
 
-    return asyncio.run(with_client(args, settings, NAME, work))
+    return run_one_shot(args, NAME, work, check)
 
 
 def _stop_event() -> asyncio.Event:

@@ -23,16 +23,13 @@ import sys
 import time
 from typing import Any
 
-from agent import logs
 from agent.client.cli import (
     EXIT_CONNECTION,
     EXIT_NOT_APPLIED,
     EXIT_OK,
-    EXIT_USAGE,
     UsageError,
     connection_options,
-    connection_settings,
-    with_client,
+    run_one_shot,
 )
 from agent.client.lock import holder_instance
 from agent.client.statestore import KeyChange, StateStoreClient
@@ -69,18 +66,12 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logs.setup(args.log_level)
-    try:
-        settings = connection_settings(args)
+    def check() -> None:
         if args.wait <= 0:
             raise UsageError("--wait must be positive")
-    except UsageError as exc:
-        print(f"{NAME}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+
     templates = KeyTemplates()
-    return asyncio.run(
-        with_client(args, settings, NAME, lambda client: switchover(client, args, templates))
-    )
+    return run_one_shot(args, NAME, lambda client: switchover(client, args, templates), check)
 
 
 def _fail(message: str, code: int = EXIT_NOT_APPLIED) -> int:

@@ -6,45 +6,21 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from agent.protocol.resp3 import decode_request
+from tests.soak.checker import StoreEvent
 from tests.support.rig import ACTIVE, STANDBY, STEPPED_DOWN, LineRig
-
-
-@dataclass
-class Write:
-    at: float
-    client: str
-    key: bytes
-    token: str | None
-    accepted: bool
+from tests.support.store_watch import watch_writes
 
 
 class StoreWatch:
-    """Every request the store handles, in its own order (a hook on the pure store)."""
+    """Every write the store handles, in its own order."""
 
     def __init__(self, rig: LineRig) -> None:
-        self.writes: list[Write] = []
-        store = rig.store.store
-        handle = store.handle
-
-        def watched(client: str, payload: bytes, ts: Any, token: Any) -> Any:
-            outcome = handle(client, payload, ts, token)
-            try:
-                args = decode_request(payload)
-            except Exception:
-                return outcome
-            if args and args[0].upper() in (b"SET", b"DEL", b"VDEL") and len(args) > 1:
-                accepted = outcome.reply.payload in (b"+OK\r\n", b":1\r\n")
-                self.writes.append(Write(time.monotonic(), client, args[1], token, accepted))
-            return outcome
-
-        store.handle = watched  # type: ignore[method-assign]
+        self.writes: list[StoreEvent] = []
+        watch_writes(rig.store.store, self.writes.append)
 
 
 @pytest.fixture

@@ -132,39 +132,6 @@ def one_round(world: World, fault: str, rng: random.Random) -> float | None:
     return None if took_s is None else time.monotonic() - sent
 
 
-def settle_and_check(world: World, units: int) -> dict[str, object]:
-    ttl_s = world.ttl_ms / 1000
-
-    def agree() -> bool:
-        values = world.background.call(
-            lambda: {n: world.line.unit(n).setpoint for n in range(1, units + 1)}
-        )
-        for n in range(1, units + 1):
-            entry = world.background.call(
-                lambda n=n: world.store.store.entry(f"{device_id(n)}\\setPoint".encode())
-            )
-            if entry is None or float(entry.value) != values[n]:
-                return False
-        return True
-
-    wait_until(agree, 10 * ttl_s + 20, step=0.2)
-    world.collect()
-    final_units = world.background.call(
-        lambda: {n: world.line.unit(n).setpoint for n in range(1, units + 1)}
-    )
-    final_store = {}
-    for n in range(1, units + 1):
-        entry = world.background.call(
-            lambda n=n: world.store.store.entry(f"{device_id(n)}\\setPoint".encode())
-        )
-        final_store[n] = None if entry is None else entry.value
-    world.refresh_roles()
-    world.checker.check_one_master()
-    world.checker.check_tokens()
-    world.checker.check_changes(final_units, final_store)
-    return world.checker.summary()
-
-
 def bound_of(fault: str, ttl_s: float) -> float:
     if fault == "burst":
         return float("nan")  # reported against the line's write interval, below
@@ -197,7 +164,7 @@ def bench(ttl_ms: int, units: int, rounds: int, seed: int, faults: tuple[str, ..
                     wait_until(lambda w=world: w.driving() and len(_alive(w)) == 2, 30)
                     time.sleep(ttl_s)
                     gaps.append(line_gap(world, start, time.monotonic()))
-                summary = settle_and_check(world, units)
+                summary = world.settle_and_check()
                 died = [a.name for a in world.agents.values() if _died(a)]
             finally:
                 world.close()

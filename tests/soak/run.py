@@ -43,13 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from agent.controller.fake_line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
-from agent.protocol.resp3 import decode_request
 from tests.harness.proxy import FaultProxy
-from tests.soak.checker import Checker, LineEvent, StoreEvent, UnitEvent
+from tests.soak.checker import Checker, LineEvent, UnitEvent
 from tests.support.paho_client import PahoStoreClient
 from tests.support.ports import free_port
 from tests.support.processes import AgentProcess
 from tests.support.rig import RECORD_OF_20, BackgroundLoop
+from tests.support.store_watch import watch_writes
 
 LINE = "soak"
 ACTIVE = re.compile(r"became active")
@@ -116,36 +116,7 @@ class World:
         return store
 
     def _hook(self, store: EmbeddedStateStore) -> None:
-        pure = store.store
-        handle = pure.handle
-        checker = self.checker
-
-        def watched(client: str, payload: bytes, ts: Any, token: Any) -> Any:
-            outcome = handle(client, payload, ts, token)
-            try:
-                args = decode_request(payload)
-            except Exception:
-                return outcome
-            if not args or len(args) < 2:
-                return outcome
-            command = args[0].upper().decode(errors="replace")
-            if command in ("SET", "DEL", "VDEL"):
-                reply = outcome.reply
-                checker.store.append(
-                    StoreEvent(
-                        at=time.monotonic(),
-                        client=client,
-                        command=command,
-                        key=args[1],
-                        value=args[2] if command == "SET" and len(args) > 2 else None,
-                        token=token,
-                        accepted=reply.payload in (b"+OK\r\n", b":1\r\n"),
-                        version=None if reply.timestamp is None else str(reply.timestamp),
-                    )
-                )
-            return outcome
-
-        pure.handle = watched  # type: ignore[method-assign]
+        watch_writes(store.store, self.checker.store.append)
 
     def _seed(self) -> None:
         for n in range(1, self.units + 1):
@@ -290,6 +261,38 @@ class World:
                 seen = [e.at for e in self.checker.units if e.address == address and e.kind == kind]
                 if seen:
                     self._unit_seen[(address, kind)] = max(seen)
+
+    def unit_setpoints(self) -> dict[int, float]:
+        return self.background.call(
+            lambda: {n: self.line.unit(n).setpoint for n in range(1, self.units + 1)}
+        )
+
+    def stored_setpoints(self) -> dict[int, bytes | None]:
+        def read() -> dict[int, bytes | None]:
+            entries = {
+                n: self.store.store.entry(f"{device_id(n)}\\setPoint".encode())
+                for n in range(1, self.units + 1)
+            }
+            return {n: None if e is None else e.value for n, e in entries.items()}
+
+        return self.background.call(read)
+
+    def settle_and_check(self) -> dict[str, Any]:
+        """Once faults stop: waits for every controller and its set point key to agree,
+        then runs the checker over everything recorded; its summary."""
+
+        def agree() -> bool:
+            units, stored = self.unit_setpoints(), self.stored_setpoints()
+            return all((value := stored[n]) is not None and float(value) == units[n] for n in units)
+
+        wait_until(agree, 10 * self.ttl_ms / 1000 + 20, step=0.2)
+        self.collect()
+        final_units, final_store = self.unit_setpoints(), self.stored_setpoints()
+        self.refresh_roles()
+        self.checker.check_one_master()
+        self.checker.check_tokens()
+        self.checker.check_changes(final_units, final_store)
+        return self.checker.summary()
 
     def close(self) -> None:
         for agent in self.agents.values():
@@ -506,39 +509,7 @@ def run(seconds: float, seed: int, units: int, ttl_ms: int) -> dict[str, Any]:
                     next_fault = time.monotonic() + rng.uniform(1, 2) * ttl_s
                 time.sleep(rng.uniform(0.1, 0.6))
 
-            # The faults stop: every device must come to agree.
-            def agree() -> bool:
-                values = world.background.call(
-                    lambda: {n: world.line.unit(n).setpoint for n in range(1, units + 1)}
-                )
-                stored = {
-                    n: world.background.call(
-                        lambda n=n: world.store.store.entry(f"{device_id(n)}\\setPoint".encode())
-                    )
-                    for n in range(1, units + 1)
-                }
-                return all(
-                    stored[n] is not None and float(stored[n].value) == values[n]
-                    for n in range(1, units + 1)
-                )
-
-            wait_until(agree, 10 * ttl_s + 20, step=0.2)
-            world.collect()
-            final_units = world.background.call(
-                lambda: {n: world.line.unit(n).setpoint for n in range(1, units + 1)}
-            )
-            final_store = {}
-            for n in range(1, units + 1):
-                entry = world.background.call(
-                    lambda n=n: world.store.store.entry(f"{device_id(n)}\\setPoint".encode())
-                )
-                final_store[n] = None if entry is None else entry.value
-            world.refresh_roles()
-            checker = world.checker
-            checker.check_one_master()
-            checker.check_tokens()
-            checker.check_changes(final_units, final_store)
-            summary = checker.summary()
+            summary = world.settle_and_check()
         finally:
             world.close()
     stats = world.stats
