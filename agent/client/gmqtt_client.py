@@ -25,7 +25,9 @@ and this project's ``Message``, never gmqtt's property dictionaries.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import ssl
 import struct
 from collections.abc import Callable
@@ -213,10 +215,18 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
             connection._send_ping_request()
 
     def abort(self) -> None:
-        """Drop the TCP connection at once (no DISCONNECT, no TLS close_notify)."""
+        """Drop the TCP connection at once (no DISCONNECT, no TLS close_notify), with a reset:
+        what was sent and not yet acknowledged by the peer's TCP is discarded, not
+        retransmitted, so a link that heals later cannot deliver a request we gave up on
+        (a write fenced with a lease that has ended)."""
         connection = self._connection
         if connection is not None and not connection.is_closing():
-            connection._transport.abort()
+            transport = connection._transport
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):  # linger 0: close sends RST
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
 
 
 # A message ready to send: built once per publish() by outgoing(), sent by publish_mid() (a

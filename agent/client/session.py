@@ -33,13 +33,10 @@ flight on it) and ``handlers``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
 import random
-import socket
-import struct
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -316,19 +313,11 @@ class Session:
         self._disconnect_hooks = [h for h in self._disconnect_hooks if h != hook]
 
     def drop_link(self, why: str) -> None:
-        """Resets the current connection at once and reconnects. Whatever was sent on it and
-        not yet acknowledged by the peer's TCP is discarded, not retransmitted: a link that
-        heals later cannot deliver it late (a write fenced with a lease that has ended)."""
+        """Resets the current connection at once and reconnects: what was sent on it and not
+        yet delivered never is (see GmqttClient.abort)."""
         link = self._link
         if link is None or link.lost.is_set():
             return
-        client = link.client
-        connection = getattr(client, "_connection", None) if client is not None else None
-        transport = getattr(connection, "_transport", None)
-        sock = transport.get_extra_info("socket") if transport is not None else None
-        if sock is not None:
-            with contextlib.suppress(OSError):  # linger 0: close with RST, send queue dropped
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         link.ended_with(SessionError(why))
         self._link_lost(link, None)
 

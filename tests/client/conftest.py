@@ -133,10 +133,10 @@ class RawBroker:
             if self.reply is not None:
                 writer.write(self.reply)
                 await writer.drain()
-            while True:  # until the client closes the connection
+            while True:  # until the client closes the connection (FIN, or RST on abort)
                 try:
                     header, body = await _read_packet(reader)
-                except asyncio.IncompleteReadError:
+                except (asyncio.IncompleteReadError, ConnectionResetError):
                     break
                 if header == 0x82:  # SUBSCRIBE: packet id, properties, filter(s)
                     self.subscribed.append(_first_filter(body))

@@ -274,32 +274,25 @@ async def test_after_a_doubt_nothing_is_fenced_until_a_renewal_confirms(connect:
     assert (await lock.fenced_set(data, b"20")).applied
 
 
-async def test_after_a_doubt_a_lock_the_store_forgot_is_lost_not_renewed(connect: Connect) -> None:
-    """A store that restarted without its contents has no lock: SET NEX would create it,
-    and the 'renewal' would be a new lease that skips the lock delay (two instances could
-    then drive the line after two such restarts). The lease is lost instead."""
+@pytest.mark.parametrize("found", [None, b"b#2"], ids=["forgotten", "another-holds-it"])
+async def test_after_a_doubt_a_lock_no_longer_ours_is_lost_not_renewed(
+    connect: Connect, found: bytes | None
+) -> None:
+    """A store that restarted without its contents has no lock (or gave it to another):
+    SET NEX would create it, and the 'renewal' would be a new lease that skips the lock
+    delay (two instances could then drive the line after two such restarts). The lease is
+    lost instead, and the lock is left as the store has it."""
     client = await connect("a")
     key = lock_key()
     lock = LeasedLock(client, key, "a#1")
     losses = Losses()
     lock.on_lost(losses)
     assert await lock.try_acquire(5000) is not None
-    await client.delete(key)  # what a store restarting without its contents leaves
+    if found is None:
+        await client.delete(key)  # what a store restarting without its contents leaves
+    else:
+        await client.set(key, found)
     lock.doubt()
     assert await lock.renew() is None
     assert not lock.held and losses.reasons == [LossReason.LEASE_FORGOTTEN]
-    assert await client.get(key) == (None, None)  # not created again
-
-
-async def test_after_a_doubt_a_lock_another_holds_is_lost(connect: Connect) -> None:
-    client = await connect("a")
-    key = lock_key()
-    lock = LeasedLock(client, key, "a#1")
-    losses = Losses()
-    lock.on_lost(losses)
-    assert await lock.try_acquire(5000) is not None
-    await client.set(key, b"b#2")  # the store forgot ours and gave it to another
-    lock.doubt()
-    assert await lock.renew() is None
-    assert losses.reasons == [LossReason.LEASE_FORGOTTEN]
-    assert (await client.get(key))[0] == b"b#2"
+    assert (await client.get(key))[0] == found  # not created again, not overwritten

@@ -22,6 +22,7 @@ import contextlib
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -49,6 +50,7 @@ class FaultProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._flowing = asyncio.Event()
         self._flowing.set()
+        self._changed = asyncio.Event()  # replaced by a fresh one at each change
 
     async def start(self) -> FaultProxy:
         self._server = await asyncio.start_server(self._accept, self.host, self._requested_port)
@@ -93,17 +95,29 @@ class FaultProxy:
     def open_connections(self) -> int:
         return len(self._pairs)
 
+    async def wait_for(self, condition: Callable[[], bool], timeout: float = 5.0) -> None:
+        """Until `condition` (of `stats` or `open_connections`) holds, checked at each change."""
+        async with asyncio.timeout(timeout):
+            while not condition():
+                await self._changed.wait()
+
+    def _note_change(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
     # ------------------------------------------------------------------ the connections
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.mode == "drop":
             self.stats.refused += 1
+            self._note_change()
             _reset(writer)
             return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             self.stats.refused += 1
+            self._note_change()
             _reset(writer)
             return
         for stream in (writer, up_writer):
@@ -114,10 +128,12 @@ class FaultProxy:
         self.stats.connected_at.append(time.monotonic())
         pair = (writer, up_writer)
         self._pairs.add(pair)
+        self._note_change()
         forward = self._spawn(self._pump(reader, up_writer, "in"))
         backward = self._spawn(self._pump(up_reader, writer, "out"))
         await asyncio.gather(forward, backward, return_exceptions=True)
         self._pairs.discard(pair)
+        self._note_change()
         for stream in pair:
             stream.close()
 
@@ -126,17 +142,18 @@ class FaultProxy:
     ) -> None:
         # Chunks due at a time: a delayed link keeps their order.
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(maxsize=10_000)
-        discarded: list[bool] = []
+        discarded = asyncio.Event()  # reset by its sender while held: never delivered
         sender = self._spawn(self._send(queue, writer, side, discarded))
         try:
             while data := await reader.read(65536):
                 await queue.put((time.monotonic() + self.delays[side], data))
         except (ConnectionError, OSError):
             self.stats.resets += 1
+            self._note_change()
             if not self._flowing.is_set():
                 # Reset by its sender while held: a TCP stack that resets a connection
                 # drops what it had not got acknowledged, so it never arrives.
-                discarded.append(True)
+                discarded.set()
                 while not queue.empty():
                     queue.get_nowait()
         finally:
@@ -148,7 +165,7 @@ class FaultProxy:
         queue: asyncio.Queue[tuple[float, bytes] | None],
         writer: asyncio.StreamWriter,
         side: str,
-        discarded: list[bool],
+        discarded: asyncio.Event,
     ) -> None:
         try:
             while (item := await queue.get()) is not None:
@@ -157,13 +174,14 @@ class FaultProxy:
                 if wait > 0:
                     await asyncio.sleep(wait)
                 await self._flowing.wait()  # held while the link is a black hole
-                if discarded:
+                if discarded.is_set():
                     break
                 writer.write(data)
                 if side == "in":
                     self.stats.bytes_in += len(data)
                 else:
                     self.stats.bytes_out += len(data)
+                self._note_change()
                 await writer.drain()
         except (ConnectionError, OSError):
             pass

@@ -7,7 +7,7 @@ import contextlib
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -119,21 +119,14 @@ async def test_blackhole_drops_what_a_side_sent_before_it_reset(proxy: FaultProx
     """A TCP stack that resets a connection drops what the peer has not acknowledged: the
     held bytes of a client that reset never reach the broker, even once the link heals."""
     _, writer = await connect(proxy)
-    await until(lambda: proxy.open_connections == 1)
+    await proxy.wait_for(lambda: proxy.open_connections == 1)
     proxy.blackhole()
     writer.write(b"stale write")
     await writer.drain()
     sock = writer.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
-    await until(lambda: proxy.stats.resets > 0)  # the proxy has seen the reset
+    await proxy.wait_for(lambda: proxy.stats.resets > 0)  # the proxy has seen the reset
     proxy.set_pass()  # the link heals
-    await until(lambda: proxy.open_connections == 0)
+    await proxy.wait_for(lambda: proxy.open_connections == 0)
     assert proxy.stats.bytes_in == 0
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Polls a counter of the proxy (it has no event for it) until `condition` holds."""
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 (a counter, not an event)
-            await asyncio.sleep(0.01)

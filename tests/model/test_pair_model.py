@@ -124,6 +124,14 @@ def test_every_scale_keeps_the_margin_and_the_renewals() -> None:
 
 # ------------------------------------------------------------------ the checks
 
+
+def holds(tmp_path: Path, *defines: str) -> None:
+    """The property checked with `defines` holds: no error, and the search was complete."""
+    search = check(tmp_path, *defines)
+    assert search.complete, search.output
+    assert search.errors == 0, search.output
+
+
 QUICK = ("SCALE=3", "NO_EXITS")  # the coarse clock, no process stops or crashes
 
 
@@ -132,18 +140,14 @@ QUICK = ("SCALE=3", "NO_EXITS")  # the coarse clock, no process stops or crashes
 @pytest.mark.timeout(900)
 def test_one_master_on_the_line_while_the_store_keeps_its_contents(tmp_path: Path) -> None:
     """Implied by the check across store restarts (a restart is one more choice)."""
-    search = check(tmp_path, *QUICK, "STORE_KEEPS")
-    assert search.complete, search.output
-    assert search.errors == 0, search.output
+    holds(tmp_path, *QUICK, "STORE_KEEPS")
 
 
 @needs_spin
 @pytest.mark.model
 @pytest.mark.timeout(900)
 def test_one_master_on_the_line_with_exits_and_crashes(tmp_path: Path) -> None:
-    search = check(tmp_path, "SCALE=3")
-    assert search.complete, search.output
-    assert search.errors == 0, search.output
+    holds(tmp_path, "SCALE=3")
 
 
 @needs_spin
@@ -151,18 +155,14 @@ def test_one_master_on_the_line_with_exits_and_crashes(tmp_path: Path) -> None:
 def test_one_master_on_the_line_across_store_restarts(tmp_path: Path) -> None:
     """Store restarts without contents: a renewal after a reconnect reads the lock first
     (LeasedLock.renew in doubt), so a lock the store forgot is a lost lease (README.md)."""
-    search = check(tmp_path, *QUICK)
-    assert search.errors == 0, search.output
-    assert search.complete, search.output
+    holds(tmp_path, *QUICK)
 
 
 @needs_spin
 @pytest.mark.model
 @pytest.mark.timeout(900)
 def test_store_writes_carry_the_newest_token_across_store_restarts(tmp_path: Path) -> None:
-    search = check(tmp_path, *QUICK, "STORE")
-    assert search.complete, search.output
-    assert search.errors == 0, search.output
+    holds(tmp_path, *QUICK, "STORE")
 
 
 @needs_spin
@@ -170,9 +170,7 @@ def test_store_writes_carry_the_newest_token_across_store_restarts(tmp_path: Pat
 @pytest.mark.timeout(900)
 def test_a_late_store_write_is_refused_once_another_holder_wrote(tmp_path: Path) -> None:
     """(2'): with writes slower than the margin, fencing alone keeps the order."""
-    search = check(tmp_path, *QUICK, "STORE", "STORE_KEEPS", "LONG_DELAY")
-    assert search.complete, search.output
-    assert search.errors == 0, search.output
+    holds(tmp_path, *QUICK, "STORE", "STORE_KEEPS", "LONG_DELAY")
 
 
 # Deliberately broken protocols: each must give a counterexample where the protocol itself
