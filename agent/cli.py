@@ -14,7 +14,7 @@ from collections.abc import Sequence
 SUBCOMMANDS = {
     "emulator": "agent.emulator.cli",
     "store": "agent.client.cli",
-    "sim-device": "agent.controller.cli",
+    "sim-device": "agent.simulator.cli",
     "setpoint": "agent.ops.setpoint_cli",
     "status": "agent.ops.status_cli",
     "switchover": "agent.ops.switchover_cli",

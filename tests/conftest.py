@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from agent.controller.fake_device import FakeDevice
+from agent.simulator.device import FakeDevice
 from tests.support.mosquitto import Mosquitto, mosquitto_binary
 from tests.support.store_backends import EmbeddedBackend, MosquittoBackend, StoreBackend
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.controller.interface import ControllerState, DeviceIdentity, Limits
-from agent.line.timing import LineTiming, bits_per_char
+from agent.controller.timing import LineTiming, bits_per_char
 
 
 class LinkLost(Exception):

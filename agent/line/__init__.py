@@ -1,2 +1,3 @@
-"""One serial line with many controllers on it: the timing of the line, the bus schedule
-(pure), and the bus that carries it out on a port, one transaction at a time."""
+"""One serial line with many controllers on it: the bus schedule (pure: which transaction
+goes next), and the bus that carries it out on a port, one transaction at a time. The
+timing of the medium itself is the drivers' (`agent.controller.timing`)."""

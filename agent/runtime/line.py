@@ -8,7 +8,7 @@ from typing import Any
 from agent.config import MAX_UNIT_LOADS, AgentSettings, DeviceSettings
 from agent.controller.driver import Driver, Unit
 from agent.controller.line_driver import LineDriver
-from agent.line.timing import cycle_s
+from agent.controller.timing import cycle_s
 
 log = logging.getLogger("agent")
 

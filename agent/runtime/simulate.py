@@ -13,7 +13,7 @@ import signal
 import sys
 
 from agent.config import AgentSettings, HealthSettings
-from agent.controller.fake_line import FakeLine
+from agent.simulator.line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
 from agent.runtime.agent import Agent
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.controller.fake_line import FakeLine
+from agent.simulator.line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
 from agent.emulator.store import Access
 from tests.support.processes import AgentProcess

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.controller import line_protocol as lp
-from agent.controller.fake_device import FakeDevice
+from agent.simulator.device import FakeDevice
 from tests.bench.footprint import cpu_seconds, rss_kb
 from tests.support.paho_client import Received
 from tests.support.processes import AgentProcess

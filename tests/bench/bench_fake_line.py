@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.controller import line_protocol as lp
-from agent.controller.fake_rtu import with_crc
+from agent.simulator.rtu import with_crc
 
 UNIT_COUNTS = (1, 8, 32, 128)
 BAUD_RATES = (9600, 19200)

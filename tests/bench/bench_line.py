@@ -2,7 +2,7 @@
 
     python -m tests.bench.bench_line [--units 1,8,32,128] [--bauds 9600,19200] [--changes N]
 
-The fake line (agent.controller.fake_line) runs in this process with line-time emulation
+The fake line (agent.simulator.line) runs in this process with line-time emulation
 at the given baud rate: one transaction at a time, each holding the line for its request's
 and reply's line time (8N1). The state store is the embedded one, in this process too; the
 agent is a real process, polling as fast as the line allows (poll interval 0).
@@ -10,7 +10,7 @@ agent is a real process, polling as fast as the line allows (poll interval 0).
 For each baud rate and number of devices N:
 1. Poll cycle time: the time between two polls of the same unit, from the fake line's own
    records, against its bound: N transactions' line time plus a silent interval each
-   (agent.line.timing, the request and reply sizes of a routine poll). Target <= 1.2x.
+   (agent.controller.timing, the request and reply sizes of a routine poll). Target <= 1.2x.
 2. Resident memory (VmRSS) and CPU (utime + stime over a window) of the agent. Targets:
    RSS <= 60 MB at N = 32 and <= 80 MB at N = 128; CPU <= 2 % of a core at N = 32 and
    19200 baud.
@@ -49,7 +49,7 @@ from typing import Any
 
 from agent.controller import line_protocol as lp
 from agent.controller.line_driver import POLL_REPLY_BYTES, POLL_REQUEST_BYTES
-from agent.line.timing import LineTiming, cycle_s
+from agent.controller.timing import LineTiming, cycle_s
 from tests.bench.footprint import cpu_seconds, rss_kb
 from tests.support.rig import ACTIVE, STANDBY, LineRig
 
@@ -84,7 +84,7 @@ class BenchRig(LineRig):
         super().__init__(tmp_path, units, **options)
 
     def _make_device(self) -> Any:
-        from agent.controller.fake_line import FakeLine
+        from agent.simulator.line import FakeLine
 
         return FakeLine(
             units=self.units, setpoint=20.0, time_constant_s=30.0, emulate_baud=self.baud

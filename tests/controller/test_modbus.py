@@ -35,7 +35,7 @@ from tests.support.controllers import FAST_BUS, one_controller
 
 pytest.importorskip("pymodbus")
 
-from agent.controller.fake_modbus import FakeModbusThermostat
+from agent.simulator.modbus import FakeModbusThermostat
 
 # A thermostat with everything: input registers for the readings, limits in registers,
 # unsigned hundredths, write-multiple, an unusual unit id.
@@ -119,7 +119,7 @@ def test_base_install_works_without_pymodbus(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "sys.modules['pymodbus'] = None\n"  # makes `import pymodbus` fail
-        "import agent.controller, agent.controller.line_driver, agent.controller.cli\n"
+        "import agent.controller, agent.controller.line_driver, agent.simulator.cli\n"
         "import agent.runtime.agent, agent.line.bus\n"
         "from agent.controller.modbus_driver import ModbusDriver, ModbusSupportMissing\n"
         "try:\n"

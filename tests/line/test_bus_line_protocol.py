@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from agent.controller.driver import Unit
-from agent.controller.fake_device import FakeDevice
+from agent.simulator.device import FakeDevice
 from agent.controller.interface import (
     ControllerError,
     ControllerState,

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.line.schedule import BusSchedule, Change, Kind, Op, Outcome, Refused, Verdict
-from agent.line.timing import LineTiming, bits_per_char, cycle_s
+from agent.controller.timing import LineTiming, bits_per_char, cycle_s
 
 DEVICES = ["t1", "t2", "t3"]
 

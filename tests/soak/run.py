@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.controller.fake_line import FakeLine
+from agent.simulator.line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
 from tests.harness.proxy import FaultProxy
 from tests.soak.checker import Checker, LineEvent, UnitEvent

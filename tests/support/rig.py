@@ -14,8 +14,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.controller.fake_device import FakeDevice
-from agent.controller.fake_line import FakeLine
+from agent.simulator.device import FakeDevice
+from agent.simulator.line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
 from agent.protocol.hlc import Hlc
 from agent.protocol.resp3 import encode_request

@@ -16,10 +16,10 @@ import pytest
 import serial  # type: ignore[import-untyped]
 
 from agent.controller import line_protocol as lp
-from agent.controller.fake_clock import PreciseSleeper
-from agent.controller.fake_core import STRAY_NOISE
-from agent.controller.fake_device import FakeDevice
-from agent.controller.fake_line import FakeLine
+from agent.simulator.clock import PreciseSleeper
+from agent.simulator.core import STRAY_NOISE
+from agent.simulator.device import FakeDevice
+from agent.simulator.line import FakeLine
 
 UNITS = 32
 

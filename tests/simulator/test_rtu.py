@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.controller.fake_core import DeviceCore
-from agent.controller.fake_rtu import (
+from agent.simulator.core import DeviceCore
+from agent.simulator.rtu import (
     ILLEGAL_ADDRESS,
     ILLEGAL_FUNCTION,
     ILLEGAL_VALUE,

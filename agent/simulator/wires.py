@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.controller import line_protocol as lp
-from agent.controller.fake_core import (
+from agent.simulator.core import (
     ASCII_BITS_PER_CHAR,
     RTU_BITS_PER_CHAR,
     TEXT_DAMAGE,
@@ -19,11 +19,11 @@ from agent.controller.fake_core import (
     TextRequest,
     parse_text_request,
 )
-from agent.controller.fake_rtu import RTU_DAMAGE, RtuRequest, RtuSplitter, parse_rtu_request
+from agent.simulator.rtu import RTU_DAMAGE, RtuRequest, RtuSplitter, parse_rtu_request
 from agent.controller.modbus_driver import RegisterMap
 
 if TYPE_CHECKING:
-    from agent.controller.fake_line import Unit
+    from agent.simulator.line import Unit
 
 
 class Splitter(Protocol):

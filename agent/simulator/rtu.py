@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.controller import line_protocol as lp
-from agent.controller.fake_core import INVALID, DeviceCore, append_bounded
+from agent.simulator.core import INVALID, DeviceCore, append_bounded
 from agent.controller.interface import ControllerError, InvalidSetpoint
 from agent.controller.modbus_driver import (
     READ_HOLDING,

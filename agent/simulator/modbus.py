@@ -1,6 +1,6 @@
 """A fake Modbus RTU thermostat on a pty: a fake line with one Modbus unit.
 
-The unit serves the registers of a RegisterMap over its thermal model (fake_rtu), at the
+The unit serves the registers of a RegisterMap over its thermal model (`rtu`), at the
 map's unit id, on a pty at a stable path (a symlink), as the driver opens a real port:
 
     driver -> link -> pty == FakeLine (Modbus RTU) == unit <map.unit_id>
@@ -17,9 +17,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from agent.controller.fake_core import WriteRecord
-from agent.controller.fake_line import FakeLine, Unit
-from agent.controller.fake_rtu import RegisterAccess
+from agent.simulator.core import WriteRecord
+from agent.simulator.line import FakeLine, Unit
+from agent.simulator.rtu import RegisterAccess
 from agent.controller.interface import DEFAULT_LIMITS, ControllerState, Limits
 from agent.controller.modbus_driver import RegisterMap
 

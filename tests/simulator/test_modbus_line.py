@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from agent.controller.fake_line import FakeLine
+from agent.simulator.line import FakeLine
 from agent.controller.modbus_driver import RegisterMap
 
 pymodbus = pytest.importorskip("pymodbus")

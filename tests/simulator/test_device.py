@@ -12,7 +12,7 @@ import pytest
 import serial  # type: ignore[import-untyped]
 
 from agent.controller import line_protocol as lp
-from agent.controller.fake_device import (
+from agent.simulator.device import (
     STRAY_NOISE,
     DeviceCore,
     FakeDevice,

@@ -3,7 +3,7 @@
 A FakeLine is a serial line with its devices: one point-to-point device answering
 unaddressed line-protocol requests (as `agent sim-device` runs by default), or N units at
 addresses 1..N answering in addressed mode (`@<n> ` prefixes), or N Modbus RTU units. It
-is served on a pty and/or TCP (fake_endpoints) and has a front panel.
+is served on a pty and/or TCP (`endpoints`) and has a front panel.
 
 The line is one medium: one transaction at a time across all clients and units. A request
 that arrives while another is being answered waits for it; with `emulate_baud` each
@@ -28,8 +28,8 @@ from types import TracebackType
 from typing import Any, Self
 
 from agent.controller import line_protocol as lp
-from agent.controller.fake_clock import PreciseSleeper
-from agent.controller.fake_core import (
+from agent.simulator.clock import PreciseSleeper
+from agent.simulator.core import (
     DEFAULT_IDENTITY,
     DEFAULT_RECORD_LIMIT,
     DeviceCore,
@@ -40,9 +40,9 @@ from agent.controller.fake_core import (
     decode_request,
     parse_panel_command,
 )
-from agent.controller.fake_endpoints import PanelEndpoint, PtyEndpoint, TcpEndpoint
-from agent.controller.fake_rtu import RegisterView
-from agent.controller.fake_wires import Incoming, RtuWire, TextWire, Wire
+from agent.simulator.endpoints import PanelEndpoint, PtyEndpoint, TcpEndpoint
+from agent.simulator.rtu import RegisterView
+from agent.simulator.wires import Incoming, RtuWire, TextWire, Wire
 from agent.controller.interface import DEFAULT_LIMITS, ControllerState, DeviceIdentity, Limits
 from agent.controller.modbus_driver import RegisterMap
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.controller.interface import Mode
-from agent.controller.thermal_model import ThermalModel
+from agent.simulator.thermal_model import ThermalModel
 
 
 def test_temperature_approaches_the_setpoint_with_the_time_constant() -> None:

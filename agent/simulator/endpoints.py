@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
 from agent.controller import line_protocol as lp
-from agent.controller.ptys import RawPty, point_link, remove_link
+from agent.simulator.ptys import RawPty, point_link, remove_link
 
 if TYPE_CHECKING:
-    from agent.controller.fake_line import FakeLine
+    from agent.simulator.line import FakeLine
 
 log = logging.getLogger(__name__)
 

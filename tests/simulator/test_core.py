@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.controller import line_protocol as lp
-from agent.controller.fake_core import (
+from agent.simulator.core import (
     INVALID,
     NO_ADDRESS,
     DeviceCore,

@@ -1,7 +1,7 @@
 """The fake controller's pure core: what one unit answers in the line protocol, the faults
 in force on a unit or on the whole line, the front panel's commands, and line times.
 
-No I/O; times are passed in. fake_line puts units on a line, fake_endpoints on the wire.
+No I/O; times are passed in. `line` puts units on a line, `endpoints` on the wire.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from agent.controller.interface import (
     Limits,
     round_to_step,
 )
-from agent.controller.thermal_model import ThermalModel
+from agent.simulator.thermal_model import ThermalModel
 
 DEFAULT_IDENTITY = DeviceIdentity("SIM-TSTAT", "1.0.0", "SIM0001")
 STRAY_NOISE = b"\x00\xff\x13 \r\n\xfe~#"

@@ -10,9 +10,9 @@ import sys
 from typing import Any
 
 from agent.controller import line_protocol as lp
-from agent.controller.fake_core import DEFAULT_RECORD_LIMIT
-from agent.controller.fake_device import FakeDevice
-from agent.controller.fake_line import FakeLine
+from agent.simulator.core import DEFAULT_RECORD_LIMIT
+from agent.simulator.device import FakeDevice
+from agent.simulator.line import FakeLine
 from agent.controller.interface import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger(__name__)

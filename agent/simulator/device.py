@@ -1,8 +1,8 @@
 """The fake controller: one point-to-point device speaking the line protocol over a thermal
 model, on a pty and/or TCP, with a front panel for local changes and injected faults.
 
-It is the single-device case of the fake line (fake_line.FakeLine, which also simulates
-a whole multi-drop line); the pure parts live in fake_core. Beside the contract's panel
+It is the single-device case of the fake line (`line.FakeLine`, which also simulates
+a whole multi-drop line); the pure parts live in `core`. Beside the contract's panel
 commands the fake understands, for tests: `FAULT STRAY <n>` (line noise before the next
 n replies), `FAULT BADSUM <n>` and `FAULT NOSUM <n>` (wrong or missing checksum on the
 next n replies).
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.controller import line_protocol as lp
-from agent.controller.fake_core import (
+from agent.simulator.core import (
     DEFAULT_IDENTITY,
     DEFAULT_RECORD_LIMIT,
     STRAY_NOISE,
@@ -26,7 +26,7 @@ from agent.controller.fake_core import (
     decode_request,
     parse_panel_command,
 )
-from agent.controller.fake_line import FakeLine, RequestRecord
+from agent.simulator.line import FakeLine, RequestRecord
 from agent.controller.interface import DEFAULT_LIMITS, ControllerState, DeviceIdentity, Limits
 
 __all__ = [
