@@ -13,9 +13,9 @@ import signal
 import sys
 
 from agent.config import AgentSettings, HealthSettings
-from agent.simulator.line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
 from agent.runtime.agent import Agent
+from agent.simulator.line import FakeLine
 
 
 async def simulate(

@@ -10,10 +10,10 @@ import sys
 from typing import Any
 
 from agent.controller import line_protocol as lp
+from agent.controller.interface import DEFAULT_LIMITS, Limits
 from agent.simulator.core import DEFAULT_RECORD_LIMIT
 from agent.simulator.device import FakeDevice
 from agent.simulator.line import FakeLine
-from agent.controller.interface import DEFAULT_LIMITS, Limits
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.controller import line_protocol as lp
+from agent.controller.interface import DEFAULT_LIMITS, ControllerState, DeviceIdentity, Limits
 from agent.simulator.core import (
     DEFAULT_IDENTITY,
     DEFAULT_RECORD_LIMIT,
@@ -27,7 +28,6 @@ from agent.simulator.core import (
     parse_panel_command,
 )
 from agent.simulator.line import FakeLine, RequestRecord
-from agent.controller.interface import DEFAULT_LIMITS, ControllerState, DeviceIdentity, Limits
 
 __all__ = [
     "DEFAULT_IDENTITY",

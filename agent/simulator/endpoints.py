@@ -11,14 +11,13 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import Protocol, Self
 
 from agent.controller import line_protocol as lp
 from agent.simulator.ptys import RawPty, point_link, remove_link
-
-if TYPE_CHECKING:
-    from agent.simulator.line import FakeLine
+from agent.simulator.wires import Wire
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +29,36 @@ PTY_CLIENT = "pty"
 CLOSE_TIMEOUT_S = 1.0
 
 
+class Overruns(Protocol):
+    overruns: int
+
+
+class ServedLine(Protocol):
+    """What an endpoint needs of the line it serves (`line.FakeLine` is one): what the
+    bytes mean, one transaction at a time, the front panel's answers."""
+
+    @property
+    def wire(self) -> Wire: ...
+
+    @property
+    def counters(self) -> Overruns: ...
+
+    @property
+    def unplugged(self) -> bool: ...
+
+    def connection_id(self) -> str: ...
+
+    def transact(
+        self, client: str, channel: str, frame: bytes | None, send: Callable[[bytes], None]
+    ) -> Awaitable[None]: ...
+
+    def panel_reply(self, line: bytes | None) -> bytes | None: ...
+
+
 class PtyEndpoint:
     """The device line on one pty, served request by request."""
 
-    def __init__(self, line: FakeLine, link: Path) -> None:
+    def __init__(self, line: ServedLine, link: Path) -> None:
         self.line = line
         self.link = link
         self.pty = RawPty()
@@ -82,7 +107,7 @@ class PtyEndpoint:
 class _TcpServer:
     """A TCP server of the line; each connection is served by `_client`."""
 
-    def __init__(self, line: FakeLine, server: asyncio.Server) -> None:
+    def __init__(self, line: ServedLine, server: asyncio.Server) -> None:
         self.line = line
         self.server = server
         self.port: int = server.sockets[0].getsockname()[1]
@@ -90,7 +115,7 @@ class _TcpServer:
         self.handlers: set[asyncio.Task[object]] = set()
 
     @classmethod
-    async def listen(cls, line: FakeLine, host: str, port: int) -> Self:
+    async def listen(cls, line: ServedLine, host: str, port: int) -> Self:
         endpoint: Self | None = None
 
         async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -28,6 +28,8 @@ from types import TracebackType
 from typing import Any, Self
 
 from agent.controller import line_protocol as lp
+from agent.controller.interface import DEFAULT_LIMITS, ControllerState, DeviceIdentity, Limits
+from agent.controller.modbus_driver import RegisterMap
 from agent.simulator.clock import PreciseSleeper
 from agent.simulator.core import (
     DEFAULT_IDENTITY,
@@ -43,8 +45,6 @@ from agent.simulator.core import (
 from agent.simulator.endpoints import PanelEndpoint, PtyEndpoint, TcpEndpoint
 from agent.simulator.rtu import RegisterView
 from agent.simulator.wires import Incoming, RtuWire, TextWire, Wire
-from agent.controller.interface import DEFAULT_LIMITS, ControllerState, DeviceIdentity, Limits
-from agent.controller.modbus_driver import RegisterMap
 
 log = logging.getLogger(__name__)
 

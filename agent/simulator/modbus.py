@@ -17,11 +17,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from agent.controller.interface import DEFAULT_LIMITS, ControllerState, Limits
+from agent.controller.modbus_driver import RegisterMap
 from agent.simulator.core import WriteRecord
 from agent.simulator.line import FakeLine, Unit
 from agent.simulator.rtu import RegisterAccess
-from agent.controller.interface import DEFAULT_LIMITS, ControllerState, Limits
-from agent.controller.modbus_driver import RegisterMap
 
 __all__ = ["FakeModbusThermostat", "RegisterAccess"]
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.controller import line_protocol as lp
-from agent.simulator.core import INVALID, DeviceCore, append_bounded
 from agent.controller.interface import ControllerError, InvalidSetpoint
 from agent.controller.modbus_driver import (
     READ_HOLDING,
@@ -21,6 +20,7 @@ from agent.controller.modbus_driver import (
     WRITE_SINGLE,
     RegisterMap,
 )
+from agent.simulator.core import INVALID, DeviceCore, append_bounded
 
 MAX_FRAME = 256
 """The longest RTU frame (address, PDU of at most 253 bytes, CRC)."""

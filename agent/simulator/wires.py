@@ -8,22 +8,36 @@ character takes on the line.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from agent.controller import line_protocol as lp
+from agent.controller.modbus_driver import RegisterMap
 from agent.simulator.core import (
     ASCII_BITS_PER_CHAR,
     RTU_BITS_PER_CHAR,
     TEXT_DAMAGE,
+    DeviceCore,
     ReplyDamage,
     TextRequest,
     parse_text_request,
 )
-from agent.simulator.rtu import RTU_DAMAGE, RtuRequest, RtuSplitter, parse_rtu_request
-from agent.controller.modbus_driver import RegisterMap
+from agent.simulator.rtu import (
+    RTU_DAMAGE,
+    RegisterView,
+    RtuRequest,
+    RtuSplitter,
+    parse_rtu_request,
+)
 
-if TYPE_CHECKING:
-    from agent.simulator.line import Unit
+
+class Unit(Protocol):
+    """What a wire needs of the unit that answers (`line.Unit` is one)."""
+
+    @property
+    def core(self) -> DeviceCore: ...
+
+    @property
+    def registers(self) -> RegisterView | None: ...
 
 
 class Splitter(Protocol):

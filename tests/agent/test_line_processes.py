@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.simulator.line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
 from agent.emulator.store import Access
+from agent.simulator.line import FakeLine
 from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, STANDBY, BackgroundLoop, LineRig
 

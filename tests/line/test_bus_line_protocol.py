@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import pytest
 
 from agent.controller.driver import Unit
-from agent.simulator.device import FakeDevice
 from agent.controller.interface import (
     ControllerError,
     ControllerState,
@@ -30,6 +29,7 @@ from agent.controller.interface import (
 )
 from agent.controller.line_driver import LineDriver
 from agent.line.bus import Bus, DeviceHandle, backoff_delays
+from agent.simulator.device import FakeDevice
 
 T = TypeVar("T")
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.line.schedule import BusSchedule, Change, Kind, Op, Outcome, Refused, Verdict
 from agent.controller.timing import LineTiming, bits_per_char, cycle_s
+from agent.line.schedule import BusSchedule, Change, Kind, Op, Outcome, Refused, Verdict
 
 DEVICES = ["t1", "t2", "t3"]
 

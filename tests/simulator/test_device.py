@@ -12,6 +12,7 @@ import pytest
 import serial  # type: ignore[import-untyped]
 
 from agent.controller import line_protocol as lp
+from agent.controller.interface import Limits
 from agent.simulator.device import (
     STRAY_NOISE,
     DeviceCore,
@@ -22,7 +23,6 @@ from agent.simulator.device import (
     corrupt,
     parse_panel_command,
 )
-from agent.controller.interface import Limits
 
 
 def line(payload: str, checksum: bool = True) -> bytes:

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from agent.simulator.line import FakeLine
 from agent.controller.modbus_driver import RegisterMap
+from agent.simulator.line import FakeLine
 
 pymodbus = pytest.importorskip("pymodbus")
 from pymodbus.client import ModbusSerialClient  # noqa: E402

@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agent.controller.interface import Limits, Mode
+from agent.controller.modbus_driver import READ_INPUT, WRITE_MULTIPLE, RegisterMap
 from agent.simulator.core import DeviceCore
 from agent.simulator.rtu import (
     ILLEGAL_ADDRESS,
@@ -19,8 +21,6 @@ from agent.simulator.rtu import (
     parse_rtu_request,
     with_crc,
 )
-from agent.controller.interface import Limits, Mode
-from agent.controller.modbus_driver import READ_INPUT, WRITE_MULTIPLE, RegisterMap
 
 
 def read(unit: int, start: int, count: int, function: int = 3) -> bytes:

@@ -41,8 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.simulator.line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
+from agent.simulator.line import FakeLine
 from tests.harness.proxy import FaultProxy
 from tests.soak.checker import Checker, LineEvent, UnitEvent
 from tests.support.paho_client import PahoStoreClient

@@ -14,11 +14,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agent.simulator.device import FakeDevice
-from agent.simulator.line import FakeLine
 from agent.emulator.embedded import EmbeddedStateStore
 from agent.protocol.hlc import Hlc
 from agent.protocol.resp3 import encode_request
+from agent.simulator.device import FakeDevice
+from agent.simulator.line import FakeLine
 from tests.support.paho_client import PahoStoreClient
 from tests.support.ports import free_port
 from tests.support.processes import AgentProcess
