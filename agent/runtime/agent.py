@@ -33,7 +33,7 @@ from agent.pair.leadership import Leadership, Role
 from agent.runtime import telemetry
 from agent.runtime.clock_guard import ClockStepDetector
 from agent.runtime.control import LineControl
-from agent.runtime.health import Health
+from agent.runtime.health import DeviceView, Health, InstanceView
 from agent.runtime.health_http import HealthEndpoint
 from agent.runtime.line import make_driver, make_units, warn_about, write_intervals
 from agent.runtime.notify import Notifier
@@ -73,7 +73,7 @@ class Agent:
         self._clock_task: asyncio.Task[None] | None = None
         self._line_stats: tuple[float, int] | None = None  # (when, transactions) last telemetry
         self.control: LineControl | None = None  # pause and switchover (agent.runtime.control)
-        self.health = Health(self, self.notifier.status)
+        self.health = Health(settings, self.view, lambda: self.session, self.notifier.status)
         self._endpoint: HealthEndpoint | None = None
         self._line_lock = asyncio.Lock()  # the line opened, closed, paused: one at a time
 
@@ -628,6 +628,25 @@ class Agent:
                 for job in self.scheduler.get_jobs():
                     job.modify(next_run_time=now)
                 self.scheduler.wakeup()
+
+    def view(self) -> InstanceView:
+        """What health needs of this instance, now."""
+        leadership, bus, session = self.leadership, self.bus, self.session
+        devices = {}
+        for name, sync in self.devices.items():
+            synced = sync.status.synced
+            devices[name] = DeviceView(
+                self.snapshot(name), sync.controller is not None, synced.value, synced.version
+            )
+        return InstanceView(
+            role=self.role,
+            paused=self.control is not None and self.control.paused,
+            connected=session is not None and session.connected,
+            healthy=self.healthy(),
+            line_up=bus.line_up if bus is not None else None,
+            token=leadership.token if leadership is not None else None,
+            devices=devices,
+        )
 
     def healthy(self) -> bool:
         if self.session is None or self.session.error is not None:

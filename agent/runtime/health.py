@@ -13,8 +13,9 @@
   answers, else `offline`), on change (at most once a second each) and every interval.
 - **The unit's status line** (sd_notify STATUS=): the role and the sync state in words.
 
-The documents and the words are built by pure functions; `Health` gathers the agent's state
-and publishes.
+The documents and the words are built by pure functions; `Health` publishes them from what
+the agent shows it: an `InstanceView`, a snapshot taken when something is due (health never
+reaches into the agent; the agent drives health).
 """
 
 from __future__ import annotations
@@ -28,17 +29,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.client.session import Session, SessionError
+from agent.config import AgentSettings
 from agent.message import Message
 from agent.pair.leadership import Role
 from agent.protocol.hlc import Hlc
+from agent.runtime.telemetry import Snapshot
 from agent.sync import decisions
 from agent.sync.decisions import InvalidRemoteValue
-
-if TYPE_CHECKING:
-    from agent.runtime.agent import Agent
 
 log = logging.getLogger("agent")
 
@@ -169,20 +169,61 @@ def _changed(document: dict[str, Any], ignore: tuple[str, ...]) -> dict[str, Any
     return {k: v for k, v in document.items() if k not in ignore}
 
 
+# --------------------------------------------------------------------------- what health sees
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """One device as the instance has it now."""
+
+    snapshot: Snapshot
+    """Its telemetry: the controller's values as last read (active only), last sync."""
+    held: bool
+    """The active holds its controller (its place on the bus)."""
+    synced_value: float | None
+    synced_version: Hlc | None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """What health needs of an agent, taken at one moment."""
+
+    role: Role
+    paused: bool
+    connected: bool
+    """The session is connected to the broker."""
+    healthy: bool
+    """The session, the scheduler and the clock watch are running."""
+    line_up: bool | None
+    """The port is open and usable (None: the line is not open)."""
+    token: Hlc | None
+    devices: dict[str, DeviceView]
+
+
 # --------------------------------------------------------------------------- the publisher
 
 
 class Health:
     """Publishes the instance's health, its devices' statuses (while active) and its status
-    line, on change and on a heartbeat; answers the HTTP endpoint's questions."""
+    line, on change and on a heartbeat; answers the HTTP endpoint's questions.
 
-    def __init__(self, agent: Agent, notify_status: Callable[[str], None]) -> None:
-        self.agent = agent
-        settings = agent.settings
+    `view()` is the agent's state now; `session()` the session to publish on (None before
+    it exists)."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        view: Callable[[], InstanceView],
+        session: Callable[[], Session | None],
+        notify_status: Callable[[str], None],
+    ) -> None:
         self.settings = settings.health
-        self.line = agent.line
+        self.ttl_ms = settings.lock.ttl_ms
+        self.line = settings.line
         self.instance = settings.instance_id
         self.topic = settings.health.instance_topic(self.line.id, self.instance)
+        self._view = view
+        self._session = session
         self._notify_status = notify_status
         self._store: dict[str, tuple[bytes | None, Hlc | None]] = {}
         self._wake = asyncio.Event()
@@ -209,17 +250,17 @@ class Health:
         self._store[device] = (value, version)
         self._wake.set()
 
-    def store_value(self, device: str) -> bytes | None:
+    def store_value(self, device: DeviceView) -> bytes | None:
         """The set point in the store as far as this instance knows: what it saw, or what
         it wrote itself since (its sync record's version is newer)."""
-        value, version = self._store.get(device, (None, None))
-        synced = self.agent.devices[device].status.synced
+        value, version = self._store.get(device.snapshot.device, (None, None))
+        synced_value, synced_version = device.synced_value, device.synced_version
         if (
-            synced.value is not None
-            and synced.version is not None
-            and (version is None or synced.version > version)
+            synced_value is not None
+            and synced_version is not None
+            and (version is None or synced_version > version)
         ):
-            return decisions.encode_setpoint(synced.value)
+            return decisions.encode_setpoint(synced_value)
         return value
 
     def poke(self) -> None:
@@ -235,76 +276,74 @@ class Health:
 
     # ------------------------------------------------------------------ state
 
-    def role(self) -> str:
-        role = self.agent.role
+    @staticmethod
+    def role(view: InstanceView) -> str:
+        role = view.role
         return role.value if role in (Role.ACTIVE, Role.STANDBY, Role.STOPPING) else "starting"
 
-    def paused(self) -> bool:
-        control = self.agent.control
-        return control is not None and control.paused
-
-    def failing(self) -> str | None:
+    @staticmethod
+    def failing(view: InstanceView) -> str | None:
         """Why this instance cannot do its part now, or None."""
-        agent = self.agent
-        session = agent.session
-        if session is None or not session.connected:
+        if not view.connected:
             return "not connected to the broker"
-        if not agent.healthy():
+        if not view.healthy:
             return "a job of the agent stopped"
-        bus = agent.bus
-        if agent.role is Role.ACTIVE and bus is not None and not bus.line_up:
+        if view.role is Role.ACTIVE and view.line_up is False:
             return "the line is down"
         return None
 
-    def state(self) -> str:
-        return "failing" if self.failing() else "paused" if self.paused() else "running"
+    def state(self, view: InstanceView) -> str:
+        return "failing" if self.failing(view) else "paused" if view.paused else "running"
 
-    def devices(self) -> list[DeviceHealth]:
+    def devices(self, view: InstanceView) -> list[DeviceHealth]:
         found = []
-        for name, sync in self.agent.devices.items():
-            answering = sync.controller is not None and sync.status.controller == "ok"
-            value = self.agent.snapshot(name).setpoint  # the controller's, as last read
-            found.append(DeviceHealth(name, answering, in_sync(self.store_value(name), value)))
+        for name, device in view.devices.items():
+            answering = device.held and device.snapshot.controller == "ok"
+            value = device.snapshot.setpoint  # the controller's, as last read
+            found.append(DeviceHealth(name, answering, in_sync(self.store_value(device), value)))
         return found
 
-    def words(self) -> str:
-        role = self.role()
+    def words(self, view: InstanceView | None = None) -> str:
+        view = view or self._view()
+        role = self.role(view)
         if role == "starting":
             return "starting"
         return status_words(
             role,
             self.line.id,
             single=self.line.single,
-            devices=self.devices(),
-            paused=self.paused(),
+            devices=self.devices(view),
+            paused=view.paused,
         )
 
-    def instance_document(self, status: str = "up") -> dict[str, Any]:
-        agent = self.agent
-        token = agent.leadership.token if agent.leadership is not None else None
-        active = agent.role is Role.ACTIVE
+    def instance_document(
+        self, status: str = "up", view: InstanceView | None = None
+    ) -> dict[str, Any]:
+        view = view or self._view()
+        token = view.token
+        active = view.role is Role.ACTIVE
         return instance_document(
             status=status,
             line=self.line.id,
             instance=self.instance,
-            role=self.role(),
-            state=self.state(),
-            paused=self.paused(),
-            ttl_ms=agent.settings.lock.ttl_ms,
+            role=self.role(view),
+            state=self.state(view),
+            paused=view.paused,
+            ttl_ms=self.ttl_ms,
             token=str(token) if token is not None else None,
             heartbeat_s=self.settings.interval_s,
-            devices=self.devices() if active else list(agent.devices),
-            summary=self.words(),
+            devices=self.devices(view) if active else list(view.devices),
+            summary=self.words(view),
             now=time.time(),
         )
 
-    def device_document(self, device: str) -> tuple[dict[str, Any], bytes]:
+    def device_document(self, view: InstanceView, device: str) -> tuple[dict[str, Any], bytes]:
         """A device's status and availability, as the active sees it."""
-        snapshot = self.agent.snapshot(device)
-        sync = self.agent.devices[device]
-        paused = self.paused()
-        answering = sync.controller is not None and sync.status.controller == "ok"
-        store = self.store_value(device)
+        seen = view.devices[device]
+        snapshot = seen.snapshot
+        paused = view.paused
+        answering = seen.held and snapshot.controller == "ok"
+        store = self.store_value(seen)
         available = answering and not paused
         document = {
             "device": device,
@@ -340,30 +379,33 @@ class Health:
     async def publish_due(self) -> None:
         if self._stopped:
             return
-        words = self.words()
+        view = self._view()
+        words = self.words(view)
         if words != self._last_words:
             self._last_words = words
             self._notify_status(words)
-        session = self.agent.session
+        session = self._session()
         if session is None or not session.connected:
             return
         now = time.monotonic()
-        document = self.instance_document()
+        document = self.instance_document(view=view)
         key = _changed(document, ("time", "token", "pid", "version"))
         last = self._last_instance
         due = last is None or last[0] != key or now - last[1] >= self.settings.interval_s
         if due and await self._publish(session, self.topic, encode(document)):
             self._last_instance = (key, now)
-        if self.agent.role is Role.ACTIVE:
+        if view.role is Role.ACTIVE:
             await asyncio.gather(
-                *(self._publish_device(session, d, now) for d in self.agent.devices)
+                *(self._publish_device(session, view, d, now) for d in view.devices)
             )
         else:
             self._last_device.clear()  # a new active says it all again
             self._last_availability.clear()
 
-    async def _publish_device(self, session: Session, device: str, now: float) -> None:
-        document, availability = self.device_document(device)
+    async def _publish_device(
+        self, session: Session, view: InstanceView, device: str, now: float
+    ) -> None:
+        document, availability = self.device_document(view, device)
         line = self.line.id
         topic = self.settings.device_availability_topic(device, line)
         if self._last_availability.get(device) != availability and await self._publish(
@@ -405,10 +447,10 @@ class Health:
         """The active is stopping: its devices are offline until the next active says
         otherwise. QoS 0, sent at once: before the lock's release, and so before anything
         the next active publishes."""
-        session = self.agent.session
+        session = self._session()
         if session is None or not session.connected:
             return
-        for device in self.agent.devices:
+        for device in self._view().devices:
             topic = self.settings.device_availability_topic(device, self.line.id)
             with contextlib.suppress(SessionError):
                 await session.publish(topic, OFFLINE, qos=0, retain=True)
@@ -416,7 +458,7 @@ class Health:
     async def stopped(self) -> None:
         """A clean stop: says "down" itself (the will is for the unclean ones)."""
         self._stopped = True
-        session = self.agent.session
+        session = self._session()
         if session is None or not session.connected:
             return
         document = self.instance_document(status="down")
