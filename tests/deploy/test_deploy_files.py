@@ -261,7 +261,7 @@ def check_venv(root: Path) -> None:
             assert str(root) not in text_file.read_text(errors="replace"), text_file
     assert not list(venv.glob("lib/python3.*/site-packages/pip"))
     assert not list(venv.glob("lib/python3.*/site-packages/*.dist-info/direct_url.json"))
-    pyc = next(venv.glob("lib/python3.*/site-packages/agent/__pycache__/config.*.pyc"))
+    pyc = next(venv.glob("lib/python3.*/site-packages/agent/config/__pycache__/__init__.*.pyc"))
     assert f"{VENV}/lib/".encode() in pyc.read_bytes()
     # Run from where it lies: the interpreter finds its environment next to itself.
     result = run([venv / "bin" / "python", venv / "bin" / "agent", "--help"], timeout=60)
