@@ -27,14 +27,14 @@ caller decides whether to resend).
 The concerns around it have modules of their own: ``session_errors`` (what it raises, CONNACK
 classification), ``agent.backoff``, ``agent.protocol.mqtt_topics``, ``tls``, ``credentials``,
 ``gmqtt_client`` (everything gmqtt), ``link`` (opening one connection, and what is in
-flight on it) and ``handlers``.
+flight on it), ``handlers`` and ``subscriptions`` (what every connection subscribes to, and
+which handlers a message goes to).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 import random
 import time
@@ -45,7 +45,7 @@ from typing import Any, Final, TypeAlias
 from agent.backoff import Backoff
 from agent.client.credentials import exposed_secret, read_credentials
 from agent.client.gmqtt_client import outgoing
-from agent.client.handlers import DEFAULT_QUEUE_LIMIT, Handler, HandlerEntry, Subscription
+from agent.client.handlers import DEFAULT_QUEUE_LIMIT, Handler, HandlerEntry
 from agent.client.link import Link, open_link, wait_until
 from agent.client.session_errors import (
     AuthenticationFailed,
@@ -61,10 +61,11 @@ from agent.client.session_errors import (
     disconnect_detail,
     is_definitive,
 )
+from agent.client.subscriptions import Subscriptions, send_subscribe
 from agent.client.tls import TlsSetupFailed, build_ssl_context
 from agent.config import MqttSettings, check_client_id, default_client_id
 from agent.message import Message
-from agent.protocol.mqtt_topics import topic_matches, validate_topic_filter, validate_topic_name
+from agent.protocol.mqtt_topics import validate_topic_filter, validate_topic_name
 
 __all__ = [
     "AuthenticationFailed",
@@ -86,10 +87,6 @@ _log = logging.getLogger(__name__)
 
 ConnectHook: TypeAlias = Callable[[], Awaitable[None]]
 DisconnectHook: TypeAlias = Callable[[], None]
-
-# Every message without subscription identifiers is matched against every subscription; the
-# same few (filter, topic) pairs come back all the time (the response topic above all).
-_cached_topic_matches = functools.lru_cache(maxsize=1024)(topic_matches)
 
 _BYTES_LIKE: Final = (bytes, bytearray, memoryview)
 
@@ -135,8 +132,7 @@ class Session:
         self._ssl = build_ssl_context(settings.tls)
         self._where = f"{settings.host}:{settings.port}"
 
-        self._subscriptions: dict[str, Subscription] = {}
-        self._identifiers = itertools.count(1)
+        self._subscriptions = Subscriptions()
         self._connect_hooks: list[ConnectHook] = []
         self._disconnect_hooks: list[DisconnectHook] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -367,9 +363,7 @@ class Session:
         previous_qos = subscription.qos if subscription is not None else None
         send = subscription is None or qos > subscription.qos
         if subscription is None:
-            subscription = self._subscriptions[topic_filter] = Subscription(
-                topic_filter, qos, next(self._identifiers)
-            )
+            subscription = self._subscriptions.add(topic_filter, qos)
         subscription.qos = max(subscription.qos, qos)
         subscription.handlers.append(entry)
         link = self._link if self._connected else None
@@ -378,17 +372,17 @@ class Session:
         limit = self._timeout(timeout)
         try:
             async with asyncio.timeout(limit):
-                ack = await link.send(functools.partial(_subscribe, link, subscription))
+                ack = await link.send(functools.partial(send_subscribe, link, subscription))
                 (code,) = await ack
         except NotConnected:
             return  # remembered: made on the next connect
         except BaseException as exc:
-            self._forget(subscription, entry, previous_qos)
+            self._subscriptions.forget(subscription, entry, previous_qos)
             if isinstance(exc, TimeoutError):
                 raise SessionTimeout(f"no SUBACK for {topic_filter!r} within {limit} s") from None
             raise
         if code >= 0x80:
-            self._forget(subscription, entry, previous_qos)
+            self._subscriptions.forget(subscription, entry, previous_qos)
             raise SubscribeFailed(topic_filter, code)
 
     async def unsubscribe(
@@ -405,7 +399,7 @@ class Session:
             return
         for entry in list(subscription.handlers):
             if handler is None or entry.callback == handler:
-                self._forget(subscription, entry)
+                self._subscriptions.forget(subscription, entry)
         if subscription.handlers:
             return
         link = self._link if self._connected else None
@@ -545,34 +539,12 @@ class Session:
                 return link
             await self._ready.wait()
 
-    def _forget(
-        self, subscription: Subscription, entry: HandlerEntry, qos: int | None = None
-    ) -> None:
-        """Drop ``entry``, restoring the subscription's QoS to ``qos`` if given; drop the
-        subscription with its last handler."""
-        if qos is not None:
-            subscription.qos = qos
-        if entry in subscription.handlers:
-            subscription.handlers.remove(entry)
-        entry.close()
-        if not subscription.handlers and (
-            self._subscriptions.get(subscription.topic_filter) is subscription
-        ):
-            del self._subscriptions[subscription.topic_filter]
-
     # --- internals: what the link reports (synchronously, as packets are read) ---
 
     def _on_message(self, link: Link, message: Message, identifiers: list[int]) -> None:
         if link is not self._link:
             return
-        for subscription in list(self._subscriptions.values()):
-            if (
-                subscription.identifier in identifiers
-                if identifiers
-                else _cached_topic_matches(subscription.topic_filter, message.topic)
-            ):
-                for entry in list(subscription.handlers):
-                    entry.deliver(message)
+        self._subscriptions.deliver(message, identifiers)
 
     def _on_undecodable(self, link: Link) -> None:
         if link is self._link:
@@ -717,7 +689,7 @@ class Session:
                 async with asyncio.timeout(self._settings.request_timeout_s):
                     # One SUBSCRIBE per filter: a packet carries one subscription identifier.
                     acks = [
-                        await link.send(functools.partial(_subscribe, link, subscription))
+                        await link.send(functools.partial(send_subscribe, link, subscription))
                         for subscription, _ in todo
                     ]
                     results = await asyncio.gather(*acks)
@@ -781,10 +753,3 @@ class Session:
         task = asyncio.ensure_future(awaitable)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _subscribe(link: Link, subscription: Subscription) -> int:
-    """Send the SUBSCRIBE for ``subscription`` on ``link``; return its packet id."""
-    assert link.client is not None
-    identifier = subscription.identifier if link.subscription_identifiers else None
-    return link.client.subscribe_mid(subscription.topic_filter, subscription.qos, identifier)
