@@ -26,7 +26,7 @@ from typing import Any, Final, Protocol
 
 from agent.emulator import mqtt_packets as mp
 from agent.emulator.authz import ClientIdentity
-from agent.emulator.connection import Connection
+from agent.emulator.connection import Connection, TopicAuthorizer
 from agent.emulator.disconnects import DisconnectReason
 from agent.emulator.limits import BrokerLimits, TokenBucket
 from agent.emulator.mqtt_packets import ReasonCode
@@ -48,14 +48,6 @@ class Authenticator(Protocol):
     def authenticate(self, connect: mp.Connect, certificate_subject: str | None) -> int:
         """The CONNACK reason code for this CONNECT: SUCCESS lets it in."""
         ...
-
-
-class TopicAuthorizer(Protocol):
-    def may_connect(self, identity: ClientIdentity) -> bool: ...
-
-    def may_publish(self, identity: ClientIdentity, topic: str) -> bool: ...
-
-    def may_subscribe(self, identity: ClientIdentity, topic_filter: str) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -185,7 +177,7 @@ class Broker:
             raise ValueError(f"invalid topic name {message.topic!r}")
         if message.qos not in (0, 1, 2):
             raise ValueError(f"QoS must be 0, 1 or 2, not {message.qos}")
-        self._dispatch(message, sender=None)
+        self.dispatch(message, sender=None)
 
     def disconnect_client(self, client_id: str, reason_code: int = 0x82) -> None:
         """Send DISCONNECT with ``reason_code`` to ``client_id`` and close it; no-op if absent."""
@@ -214,9 +206,9 @@ class Broker:
     def open_sockets(self) -> int:
         return len(self._connections)
 
-    # ---- used by Connection ------------------------------------------------------------------
+    # ---- BrokerServices: what a Connection calls (connection.py) ------------------------------
 
-    def _admit(self, connection: Connection) -> bool:
+    def admit(self, connection: Connection) -> bool:
         """Whether a new socket may stay: within the connection count and rate."""
         now = asyncio.get_running_loop().time()
         if len(self._connections) >= self.limits.max_connections:
@@ -238,14 +230,17 @@ class Broker:
             self._refusals_logged_at = now
         return False
 
-    def _authenticate(self, connect: mp.Connect, certificate_subject: str | None) -> int:
+    def release(self, connection: Connection) -> None:
+        self._connections.discard(connection)
+
+    def authenticate(self, connect: mp.Connect, certificate_subject: str | None) -> int:
         if self.authenticator is None:
             if connect.properties.authentication_method is not None:
                 return ReasonCode.BAD_AUTHENTICATION_METHOD
             return ReasonCode.SUCCESS
         return self.authenticator.authenticate(connect, certificate_subject)
 
-    def _register(self, connection: Connection, client_id: str) -> None:
+    def register(self, connection: Connection, client_id: str) -> None:
         previous = self._sessions.get(client_id)
         if previous is not None:
             # Ends the old connection completely (hooks included) before the new one is live.
@@ -253,21 +248,24 @@ class Broker:
         self._sessions[client_id] = connection
         self._routes.clear()
 
-    def _unregister(self, connection: Connection, client_id: str) -> None:
+    def unregister(self, connection: Connection, client_id: str) -> None:
         if self._sessions.get(client_id) is connection:
             del self._sessions[client_id]
         self._routes.clear()
 
-    def _connection_ended(
+    def connection_ended(
         self, client_id: str, reason: DisconnectReason, will: Message | None
     ) -> None:
         if will is not None:
-            self._dispatch(will, sender=None, sender_id=client_id)
+            self.dispatch(will, sender=None, sender_id=client_id)
         for callback in list(self._disconnect_callbacks):
             try:
                 callback(client_id, reason)
             except Exception:
                 logger.exception("on_disconnect callback failed for %s", client_id)
+
+    def subscriptions_changed(self) -> None:
+        self._routes.clear()
 
     def _route(self, topic: str) -> _Route:
         route = self._routes.get(topic)
@@ -291,7 +289,7 @@ class Broker:
             route = self._routes[topic] = _Route(subscribers, handlers)
         return route
 
-    def _dispatch(
+    def dispatch(
         self, message: Message, sender: Connection | None, sender_id: str | None = None
     ) -> None:
         """Hand a message to intercepts (client messages only), the retained store, subscribers."""
@@ -324,7 +322,7 @@ class Broker:
                     received_at,
                 )
 
-    def _send_retained(self, connection: Connection, subscription: mp.Subscription) -> None:
+    def send_retained(self, connection: Connection, subscription: mp.Subscription) -> None:
         now = asyncio.get_running_loop().time()
         for topic, (message, received_at) in list(self._retained.items()):
             expiry = message.message_expiry_interval

@@ -4,6 +4,9 @@ The broker (`broker.py`) routes between connections; everything about one client
 here: TLS, CONNECT and authentication, keep-alive, authorization of each PUBLISH and
 SUBSCRIBE, the receive window, and the bounds on what the client may cost (what waits to
 be sent to it, how many of its packets are handled before the others get a turn).
+
+What a connection needs of the broker is ``BrokerServices``, defined here: the broker is
+above its connections, so this module never imports `broker.py`.
 """
 
 from __future__ import annotations
@@ -12,20 +15,19 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import uuid
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from agent.emulator import mqtt_packets as mp
 from agent.emulator.authz import ClientIdentity
 from agent.emulator.disconnects import DisconnectReason
+from agent.emulator.limits import BrokerLimits
 from agent.emulator.mqtt_packets import ReasonCode
 from agent.emulator.tls import subject_of
 from agent.message import Message
-
-if TYPE_CHECKING:
-    from agent.emulator.broker import Broker
 
 logger = logging.getLogger("agent.emulator.broker")
 
@@ -37,6 +39,77 @@ _DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
 _MQTT311_CONNACK_BAD_PROTOCOL: Final = b"\x20\x02\x00\x01"
 # What a queued message is counted as beyond its payload and topic (properties, header).
 _QUEUED_OVERHEAD: Final = 64
+
+
+class TopicAuthorizer(Protocol):
+    def may_connect(self, identity: ClientIdentity) -> bool: ...
+
+    def may_publish(self, identity: ClientIdentity, topic: str) -> bool: ...
+
+    def may_subscribe(self, identity: ClientIdentity, topic_filter: str) -> bool: ...
+
+
+class BrokerServices(Protocol):
+    """What a connection needs of the broker it belongs to (``Broker`` in `broker.py`).
+
+    The settings it reads, and the calls by which it joins and leaves the broker and hands
+    it what its client publishes or subscribes to. All are made on the event loop thread.
+    """
+
+    @property
+    def limits(self) -> BrokerLimits: ...
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None: ...
+
+    @property
+    def receive_maximum(self) -> int: ...
+
+    @property
+    def max_keepalive_s(self) -> int: ...
+
+    @property
+    def authorizer(self) -> TopicAuthorizer | None: ...
+
+    def admit(self, connection: Connection) -> bool:
+        """Whether a new socket may stay (connection count and rate); if so it is counted."""
+        ...
+
+    def release(self, connection: Connection) -> None:
+        """The socket of ``connection`` is closed: it no longer counts."""
+        ...
+
+    def authenticate(self, connect: mp.Connect, certificate_subject: str | None) -> int:
+        """The CONNACK reason code for this CONNECT: SUCCESS lets it in."""
+        ...
+
+    def register(self, connection: Connection, client_id: str) -> None:
+        """``connection`` is now the live session of ``client_id``; a previous one has ended."""
+        ...
+
+    def unregister(self, connection: Connection, client_id: str) -> None:
+        """``connection`` ended: it no longer receives what is routed to ``client_id``."""
+        ...
+
+    def connection_ended(
+        self, client_id: str, reason: DisconnectReason, will: Message | None
+    ) -> None:
+        """Publishes the will (if any), then tells the on_disconnect callbacks."""
+        ...
+
+    def dispatch(
+        self, message: Message, sender: Connection | None, sender_id: str | None = None
+    ) -> None:
+        """Hands a message to intercepts (client messages only), the retained store, subscribers."""
+        ...
+
+    def subscriptions_changed(self) -> None:
+        """A connection's subscriptions changed: who receives what must be worked out again."""
+        ...
+
+    def send_retained(self, connection: Connection, subscription: mp.Subscription) -> None:
+        """Sends ``connection`` the retained messages matching its new ``subscription``."""
+        ...
 
 
 @dataclass(slots=True)
@@ -52,7 +125,7 @@ class _Pending:
 class Connection(asyncio.Protocol):
     """One client socket: decodes packets, enforces the protocol, sends deliveries."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerServices) -> None:
         self._broker = broker
         self._limits = broker.limits
         self._loop = asyncio.get_running_loop()
@@ -92,7 +165,7 @@ class Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         peername = transport.get_extra_info("peername")
         self.peer = f"{peername[0]}:{peername[1]}" if peername else "?"
-        if not self._broker._admit(self):
+        if not self._broker.admit(self):
             self._ended = True
             transport.abort()
             return
@@ -240,12 +313,12 @@ class Connection(asyncio.Protocol):
         if reason_code is not None and self.client_id is not None:
             self._send(mp.Disconnect(reason_code))
         self._close_transport()
-        self._broker._connections.discard(self)
+        self._broker.release(self)
         client_id = self.client_id
         if client_id is None:
             logger.debug("connection from %s closed before CONNECT completed", self.peer)
             return
-        self._broker._unregister(self, client_id)
+        self._broker.unregister(self, client_id)
         self.subscriptions.clear()
         self._pending.clear()
         self._pending_bytes = 0
@@ -254,7 +327,7 @@ class Connection(asyncio.Protocol):
         will = self._will if publish_will else None
         self._will = None
         logger.info("client %s disconnected (%s)", client_id, reason.value)
-        self._broker._connection_ended(client_id, reason, will)
+        self._broker.connection_ended(client_id, reason, will)
 
     def abort(self) -> None:
         if self._transport is not None:
@@ -382,7 +455,7 @@ class Connection(asyncio.Protocol):
         if will is not None and not mp.is_valid_topic_name(will.topic):
             self._refuse_connect(ReasonCode.TOPIC_NAME_INVALID, f"will topic {will.topic!r}")
             return
-        refusal = broker._authenticate(packet, self.certificate_subject)
+        refusal = broker.authenticate(packet, self.certificate_subject)
         if refusal != ReasonCode.SUCCESS:
             who = f"client id {packet.client_id!r}"
             if packet.username is not None:
@@ -430,7 +503,7 @@ class Connection(asyncio.Protocol):
                 will.topic, will.payload, will.qos, will.retain, will.properties
             )
 
-        broker._register(self, client_id)
+        broker.register(self, client_id)
         self.client_id = client_id
         self.identity = identity
         self._send(mp.Connack(ReasonCode.SUCCESS, False, connack))
@@ -472,7 +545,7 @@ class Connection(asyncio.Protocol):
                 self._send(mp.Puback(packet.packet_id, ReasonCode.NOT_AUTHORIZED))
             return
         message = message_from(packet.topic, packet.payload, packet.qos, packet.retain, props)
-        self._broker._dispatch(message, sender=self, sender_id=self.client_id)
+        self._broker.dispatch(message, sender=self, sender_id=self.client_id)
         if packet.packet_id is not None and not self._ended:
             # The bytes of encode(Puback(packet_id)) (success, no properties), without the
             # generic encoder: every QoS 1 PUBLISH costs one.
@@ -517,11 +590,11 @@ class Connection(asyncio.Protocol):
             reason_codes.append(granted.qos)
             if granted.retain_handling == 0 or (granted.retain_handling == 1 and not existed):
                 retained_for.append(granted)
-        self._broker._routes.clear()
+        self._broker.subscriptions_changed()
         self._send(mp.Suback(packet.packet_id, reason_codes))
         logger.debug("%s subscribed %s -> %s", self.client_id, packet.subscriptions, reason_codes)
         for subscription in retained_for:
-            self._broker._send_retained(self, subscription)
+            self._broker.send_retained(self, subscription)
 
     def _handle_unsubscribe(self, packet: mp.Unsubscribe) -> None:
         reason_codes: list[int] = []
@@ -532,7 +605,7 @@ class Connection(asyncio.Protocol):
                 reason_codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             else:
                 reason_codes.append(ReasonCode.TOPIC_FILTER_INVALID)
-        self._broker._routes.clear()
+        self._broker.subscriptions_changed()
         self._send(mp.Unsuback(packet.packet_id, reason_codes))
 
     # ---- delivery ----------------------------------------------------------------------------
