@@ -26,8 +26,9 @@ from typing import Any, Final, Protocol
 
 from agent.emulator import mqtt_packets as mp
 from agent.emulator.authz import ClientIdentity
-from agent.emulator.connection import Connection, TopicAuthorizer
+from agent.emulator.connection import Connection
 from agent.emulator.disconnects import DisconnectReason
+from agent.emulator.host import TopicAuthorizer
 from agent.emulator.limits import BrokerLimits, TokenBucket
 from agent.emulator.mqtt_packets import ReasonCode
 from agent.message import Message
@@ -206,7 +207,7 @@ class Broker:
     def open_sockets(self) -> int:
         return len(self._connections)
 
-    # ---- BrokerServices: what a Connection calls (connection.py) ------------------------------
+    # ---- ConnectionHost (host.py): what a Connection calls ------------------------------------
 
     def admit(self, connection: Connection) -> bool:
         """Whether a new socket may stay: within the connection count and rate."""

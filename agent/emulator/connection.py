@@ -5,7 +5,7 @@ here: TLS, CONNECT and authentication, keep-alive, authorization of each PUBLISH
 SUBSCRIBE, the receive window, and the bounds on what the client may cost (what waits to
 be sent to it, how many of its packets are handled before the others get a turn).
 
-What a connection needs of the broker is ``BrokerServices``, defined here: the broker is
+What a connection needs of the broker is ``ConnectionHost`` (`host.py`): the broker is
 above its connections, so this module never imports `broker.py`.
 """
 
@@ -15,16 +15,15 @@ import asyncio
 import contextlib
 import logging
 import socket
-import ssl
 import uuid
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Final, Protocol
+from typing import Final
 
 from agent.emulator import mqtt_packets as mp
 from agent.emulator.authz import ClientIdentity
 from agent.emulator.disconnects import DisconnectReason
-from agent.emulator.limits import BrokerLimits
+from agent.emulator.host import ConnectionHost
 from agent.emulator.mqtt_packets import ReasonCode
 from agent.emulator.tls import subject_of
 from agent.message import Message
@@ -41,77 +40,6 @@ _MQTT311_CONNACK_BAD_PROTOCOL: Final = b"\x20\x02\x00\x01"
 _QUEUED_OVERHEAD: Final = 64
 
 
-class TopicAuthorizer(Protocol):
-    def may_connect(self, identity: ClientIdentity) -> bool: ...
-
-    def may_publish(self, identity: ClientIdentity, topic: str) -> bool: ...
-
-    def may_subscribe(self, identity: ClientIdentity, topic_filter: str) -> bool: ...
-
-
-class BrokerServices(Protocol):
-    """What a connection needs of the broker it belongs to (``Broker`` in `broker.py`).
-
-    The settings it reads, and the calls by which it joins and leaves the broker and hands
-    it what its client publishes or subscribes to. All are made on the event loop thread.
-    """
-
-    @property
-    def limits(self) -> BrokerLimits: ...
-
-    @property
-    def ssl_context(self) -> ssl.SSLContext | None: ...
-
-    @property
-    def receive_maximum(self) -> int: ...
-
-    @property
-    def max_keepalive_s(self) -> int: ...
-
-    @property
-    def authorizer(self) -> TopicAuthorizer | None: ...
-
-    def admit(self, connection: Connection) -> bool:
-        """Whether a new socket may stay (connection count and rate); if so it is counted."""
-        ...
-
-    def release(self, connection: Connection) -> None:
-        """The socket of ``connection`` is closed: it no longer counts."""
-        ...
-
-    def authenticate(self, connect: mp.Connect, certificate_subject: str | None) -> int:
-        """The CONNACK reason code for this CONNECT: SUCCESS lets it in."""
-        ...
-
-    def register(self, connection: Connection, client_id: str) -> None:
-        """``connection`` is now the live session of ``client_id``; a previous one has ended."""
-        ...
-
-    def unregister(self, connection: Connection, client_id: str) -> None:
-        """``connection`` ended: it no longer receives what is routed to ``client_id``."""
-        ...
-
-    def connection_ended(
-        self, client_id: str, reason: DisconnectReason, will: Message | None
-    ) -> None:
-        """Publishes the will (if any), then tells the on_disconnect callbacks."""
-        ...
-
-    def dispatch(
-        self, message: Message, sender: Connection | None, sender_id: str | None = None
-    ) -> None:
-        """Hands a message to intercepts (client messages only), the retained store, subscribers."""
-        ...
-
-    def subscriptions_changed(self) -> None:
-        """A connection's subscriptions changed: who receives what must be worked out again."""
-        ...
-
-    def send_retained(self, connection: Connection, subscription: mp.Subscription) -> None:
-        """Sends ``connection`` the retained messages matching its new ``subscription``."""
-        ...
-
-
 @dataclass(slots=True)
 class _Pending:
     """A QoS 1 delivery waiting for room in the subscriber's receive window."""
@@ -125,7 +53,7 @@ class _Pending:
 class Connection(asyncio.Protocol):
     """One client socket: decodes packets, enforces the protocol, sends deliveries."""
 
-    def __init__(self, broker: BrokerServices) -> None:
+    def __init__(self, broker: ConnectionHost[Connection]) -> None:
         self._broker = broker
         self._limits = broker.limits
         self._loop = asyncio.get_running_loop()
