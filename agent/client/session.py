@@ -28,8 +28,9 @@ The concerns around it have modules of their own: ``session_errors`` (what it ra
 classification), ``agent.backoff``, ``agent.protocol.mqtt_topics``, ``tls``, ``credentials``,
 ``gmqtt_client`` (everything gmqtt), ``link`` (opening one connection, and what is in
 flight on it), ``handlers``, ``subscriptions`` (what every connection subscribes to, and
-which handlers a message goes to) and ``supervisor`` (one link after another: reconnecting
-with backoff, bringing each link up, the end of the session).
+which handlers a message goes to), ``supervisor`` (one link after another: reconnecting
+with backoff, bringing each link up, the end of the session) and ``publishing`` (one
+PUBLISH and the wait for its PUBACK).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from typing import Any, Final
 from agent.backoff import Backoff
 from agent.client.gmqtt_client import outgoing
 from agent.client.handlers import DEFAULT_QUEUE_LIMIT, Handler, HandlerEntry
-from agent.client.link import wait_until
+from agent.client.publishing import send_publish
 from agent.client.session_errors import (
     AuthenticationFailed,
     ConnectFailed,
@@ -412,60 +413,14 @@ class Session:
         )
 
         limit = self._timeout(timeout)
-        if qos == 1 and not wait_connected:
-            # The common case, connected with room in the window: the PUBACK is the only thing
-            # to wait for, and a timer on it is much cheaper than asyncio.timeout() around the
-            # whole (measured with tests/bench/bench_client.py). Anything else takes the
-            # general path below, which behaves the same.
-            loop = asyncio.get_running_loop()
-            deadline_at = loop.time() + limit
-            link = self._supervisor.current_link()
-            client = link.client
-            assert client is not None
-            if not link.window.locked():
-                # Cannot suspend: there is room in the window.
-                ack = await link.send(functools.partial(client.publish_mid, message))
-                try:
-                    code = await wait_until(loop, ack, deadline_at)
-                except TimeoutError:
-                    raise SessionTimeout(
-                        f"publish to {topic!r}: no PUBACK within {limit} s"
-                    ) from None
-                if code >= 0x80:
-                    raise PublishFailed(topic, code)
-                return
-
-        waiting = f"no connection to {self._supervisor.where}"
-        try:
-            async with asyncio.timeout(limit) as deadline:
-                while True:
-                    link = (
-                        await self._supervisor.ready_link()
-                        if wait_connected
-                        else self._supervisor.current_link()
-                    )
-                    client = link.client
-                    assert client is not None
-                    if qos == 0:
-                        client.publish_mid(message)
-                        return
-                    waiting = "no room in the in-flight window"
-                    try:
-                        ack = await link.send(functools.partial(client.publish_mid, message))
-                    except NotConnected:
-                        if wait_connected:
-                            waiting = f"no connection to {self._supervisor.where}"
-                            continue  # nothing was sent: wait for the next connection
-                        raise
-                    waiting = "no PUBACK"
-                    code = await ack
-                    break
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            raise SessionTimeout(f"publish to {topic!r}: {waiting} within {limit} s") from None
-        if code >= 0x80:
-            raise PublishFailed(topic, code)
+        await send_publish(
+            self._supervisor,
+            message,
+            topic=topic,
+            qos=qos,
+            limit=limit,
+            wait_connected=wait_connected,
+        )
 
     # --- internals ---
 
