@@ -5,6 +5,10 @@ before. With either, a client must prove who it is by one of them (or by a verif
 certificate): a wrong password gets CONNACK 0x86, no credentials or a token not on the list
 0x87, an authentication method other than ``K8S-SAT`` 0x8C.
 
+A user name is a principal (what authorization rules match) only when the client proved it
+with its password: a K8S-SAT token proves a service account, not the user name beside it.
+With nothing configured, nothing is proven and the name a client claims is taken as it is.
+
 Passwords and tokens are secrets: they are never logged, and errors name only the file.
 """
 
@@ -149,3 +153,18 @@ class Authenticator:
         if certificate_subject is not None:
             return ReasonCode.SUCCESS
         return ReasonCode.NOT_AUTHORIZED
+
+    def principal_username(self, connect: mp.Connect) -> str | None:
+        """The user name of an accepted CONNECT that rules may match: one its password proves.
+
+        Without users and tokens nothing is checked, and the name the client claims counts.
+        """
+        if self.users is None and self.tokens is None:
+            return connect.username
+        if connect.username is None or self.users is None:
+            return None
+        expected = self.users.get(connect.username)
+        given = connect.password or b""
+        if expected is not None and hmac.compare_digest(expected, given):
+            return connect.username
+        return None

@@ -185,6 +185,17 @@ class AuthorizationRules:
             for pattern in rule.subscribe
         )
 
+    def named_users(self) -> list[str]:
+        """The user names the rules grant to, and ``{principal.username}`` if they use it."""
+        names: list[str] = []
+        for rule in self.rules:
+            names += rule.principals.usernames
+            patterns = [*rule.publish, *rule.subscribe]
+            patterns += [k for grant in rule.keys for k in grant.keys if isinstance(k, str)]
+            if any("{principal.username}" in pattern for pattern in patterns):
+                names.append("{principal.username}")
+        return sorted(set(names))
+
     def may_access_key(self, identity: ClientIdentity, key: bytes, access: Access) -> bool:
         return any(
             grant.match(identity, key, access)

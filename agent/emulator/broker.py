@@ -50,6 +50,10 @@ class Authenticator(Protocol):
         """The CONNACK reason code for this CONNECT: SUCCESS lets it in."""
         ...
 
+    def principal_username(self, connect: mp.Connect) -> str | None:
+        """The user name rules may match for this accepted CONNECT: None if it is not proven."""
+        ...
+
 
 @dataclass(slots=True)
 class _Route:
@@ -240,6 +244,11 @@ class Broker:
                 return ReasonCode.BAD_AUTHENTICATION_METHOD
             return ReasonCode.SUCCESS
         return self.authenticator.authenticate(connect, certificate_subject)
+
+    def principal_username(self, connect: mp.Connect) -> str | None:
+        if self.authenticator is None:
+            return connect.username  # nothing verifies names: the claimed one is taken
+        return self.authenticator.principal_username(connect)
 
     def register(self, connection: Connection, client_id: str) -> None:
         previous = self._sessions.get(client_id)

@@ -409,7 +409,14 @@ class Connection(asyncio.Protocol):
         client_id = packet.client_id
         if not client_id:
             client_id = connack.assigned_client_identifier = f"auto-{uuid.uuid4().hex}"
-        identity = ClientIdentity(client_id, packet.username, self.certificate_subject)
+        username = broker.principal_username(packet)
+        if packet.username is not None and username is None:
+            logger.info(
+                "client %s: user name %r not proven by a password, not a principal",
+                client_id,
+                packet.username,
+            )
+        identity = ClientIdentity(client_id, username, self.certificate_subject)
         authorizer = broker.authorizer
         if authorizer is not None:
             if not authorizer.may_connect(identity):

@@ -24,6 +24,27 @@ log = logging.getLogger(__name__)
 _PROTOCOL_ERROR = 0x82
 
 
+def _warn_of_unproven_users(
+    rules: AuthorizationRules | None, authenticator: Authenticator | None
+) -> None:
+    """Rules that name users mean something only if user names are proven (`authn.py`)."""
+    names = [] if rules is None else rules.named_users()
+    if not names:
+        return
+    if authenticator is None:
+        log.warning(
+            "the rules name users (%s) but nothing verifies user names (no --users): "
+            "any client may claim any of them",
+            ", ".join(names),
+        )
+    elif authenticator.users is None:
+        log.warning(
+            "the rules name users (%s) but no client can prove a user name (no --users): "
+            "those grants go to nobody",
+            ", ".join(names),
+        )
+
+
 class EmbeddedStateStore:
     """`async with EmbeddedStateStore() as emulator:` serves at `emulator.url`.
 
@@ -73,6 +94,7 @@ class EmbeddedStateStore:
         )
         self.broker.intercept(topics.INVOKE_TOPIC, self.service.on_request)
         self.broker.on_disconnect(self._client_gone)
+        _warn_of_unproven_users(rules, authenticator)
 
     def _may_access(self, client_id: str, key: bytes, access: Access) -> bool:
         if self._authorizer is not None and not self._authorizer(client_id, key, access):

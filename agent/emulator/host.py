@@ -63,6 +63,10 @@ class ConnectionHost(Protocol[ConnectionT]):
         """The CONNACK reason code for this CONNECT: SUCCESS lets it in."""
         ...
 
+    def principal_username(self, connect: mp.Connect) -> str | None:
+        """The user name rules may match for this accepted CONNECT: None if it is not proven."""
+        ...
+
     def register(self, connection: ConnectionT, client_id: str) -> None:
         """``connection`` is now the live session of ``client_id``; a previous one has ended."""
         ...

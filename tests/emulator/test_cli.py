@@ -172,3 +172,46 @@ def test_an_unusable_data_directory_exits_78(tmp_path: Path) -> None:
     result = run_emulator("--data-dir", str(blocker / "sub"))
     assert result.returncode == 78
     assert "--data-dir" in result.stderr
+
+
+def _rules_naming(tmp_path: Path) -> Path:
+    rules = tmp_path / "rules.json"
+    rules.write_text(
+        json.dumps(
+            {
+                "rules": [
+                    {
+                        "principals": {"usernames": ["operator"]},
+                        "brokerResources": [{"method": "Connect"}],
+                    }
+                ]
+            }
+        )
+    )
+    return rules
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        ([], "nothing verifies user names"),
+        (["--sat-tokens", "tokens"], "no client can prove a user name"),
+        (["--users", "users.json"], None),
+    ],
+)
+def test_rules_that_name_users_nothing_verifies_are_warned_of_at_start(
+    tmp_path: Path, flags: list[str], says: str | None
+) -> None:
+    (tmp_path / "tokens").write_text("t\n")
+    (tmp_path / "users.json").write_text(json.dumps({"operator": PASSWORD}))
+    resolved = [str(tmp_path / f) if not f.startswith("--") else f for f in flags]
+    process, _ = started("--authz", str(_rules_naming(tmp_path)), *resolved)
+    try:
+        process.drain()
+    finally:
+        assert process.stop() == 0
+    output = "".join(process.lines)
+    if says is None:
+        assert "user names" not in output
+    else:
+        assert says in output and "operator" in output

@@ -319,3 +319,63 @@ def test_k8s_sat_tokens(tmp_path: Path, emulator_factory: EmulatorFactory) -> No
     os.utime(tokens, ns=(1, 1))
     assert sat_connect(server.port, b"eyJhbGciOiJSUzI1NiJ9.second.sig").reason_code == 0
     assert sat_connect(server.port, b"eyJhbGciOiJSUzI1NiJ9.first.sig").reason_code == 0x87
+
+
+def test_a_user_name_proven_by_nothing_buys_no_grants(
+    tmp_path: Path, emulator_factory: EmulatorFactory, store_clients: Callable[..., PahoStoreClient]
+) -> None:
+    """Was: a valid K8S-SAT token with the user name `operator` (no password, or a wrong one)
+    got operator's grants, its keys read and written."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("pod-token\n")
+    users = parse_users(json.dumps({"operator": "op-pass"}))
+    pods = {
+        "principals": {"clientIds": ["pod"]},
+        "brokerResources": [
+            {"method": "Connect"},
+            {"method": "Subscribe", "topics": ["clients/{principal.clientId}/#"]},
+        ],
+    }
+    rules = parse_rules(json.dumps({"rules": [*RULES["rules"], pods]}))
+    server = emulator_factory(
+        rules=rules, authenticator=Authenticator(users=users, tokens=TokenFile(tokens))
+    )
+    operator = store_clients(server.port, "op", configure=credentials("operator", "op-pass"))
+    assert operator.request("SET", "line1/dev\\setPoint", "21.5").payload == OK
+
+    def sat(client: paho.Client, password: str | None) -> None:
+        client.username_pw_set("operator", password)
+        client.connect = _with_sat(client.connect)  # type: ignore[method-assign]
+
+    for password in (None, "wrong"):
+        pod = store_clients(server.port, "pod", configure=lambda c, p=password: sat(c, p))
+        assert server.call(server.emulator.broker.identity, "pod") == ClientIdentity("pod")
+        assert pod.request("GET", "line1/dev\\setPoint").payload == NOT_AUTHORIZED
+        assert pod.request("SET", "line1/dev\\setPoint", "99").payload == NOT_AUTHORIZED
+        pod.close()
+    # Without a Connect grant of its own, the token alone does not get it in.
+    raw = RawClient(server.port)
+    props = mp.Properties(authentication_method="K8S-SAT", authentication_data=b"pod-token")
+    raw.send(mp.Connect("someone", username="operator", properties=props))
+    assert raw.expect(mp.Connack).reason_code == mp.ReasonCode.NOT_AUTHORIZED
+    raw.close()
+    # With the right password beside the token, the name is proven.
+    raw = RawClient(server.port)
+    raw.send(mp.Connect("op2", username="operator", password=b"op-pass", properties=props))
+    assert raw.expect(mp.Connack).reason_code == 0
+    assert server.call(server.emulator.broker.identity, "op2") == ClientIdentity("op2", "operator")
+    raw.close()
+
+
+def _with_sat(connect: Callable[..., Any]) -> Callable[..., Any]:
+    """paho's connect(), with K8S-SAT enhanced authentication and the token as its data."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    def sat_connect(*args: Any, **kwargs: Any) -> Any:
+        properties = Properties(PacketTypes.CONNECT)
+        properties.AuthenticationMethod = "K8S-SAT"
+        properties.AuthenticationData = b"pod-token"
+        return connect(*args, properties=properties, **kwargs)
+
+    return sat_connect
