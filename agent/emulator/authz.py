@@ -18,8 +18,11 @@ own; in a topic such a token must be a whole level. Principals and `Pattern` key
 
 The state store's own topics are not governed by topic rules: publishing requests to the
 invoke topic and subscribing to one's own notification topics are always allowed, since
-each request is then checked against the key rules (the response topic is a topic like any
-other and needs a Subscribe grant).
+each request is then checked against the key rules. The store publishes its answer on the
+request's response topic for the requester, so only where the requester could publish
+itself: under a Publish grant, or in its own ``clients/{clientId}/`` space (a client id
+that is not a whole topic level has none). To get the answer it needs a Subscribe grant
+there too, like any other topic.
 """
 
 from __future__ import annotations
@@ -166,9 +169,23 @@ class AuthorizationRules:
     def may_connect(self, identity: ClientIdentity) -> bool:
         return any(rule.connect for rule in self._for(identity))
 
-    def may_publish(self, identity: ClientIdentity, topic: str) -> bool:
+    def may_publish(
+        self, identity: ClientIdentity, topic: str, response_topic: str | None = None
+    ) -> bool:
+        """Whether the client may publish to ``topic``; a request to the store (``topic`` is
+        its invoke topic) also needs a ``response_topic`` the client may have answers on."""
         if topic == topics.INVOKE_TOPIC:
+            return response_topic is None or self.may_be_answered_on(identity, response_topic)
+        return self._granted_publish(identity, topic)
+
+    def may_be_answered_on(self, identity: ClientIdentity, response_topic: str) -> bool:
+        """Whether the store may publish its answers to this client on ``response_topic``."""
+        own = _topic_level(identity.client_id)
+        if own is not None and mp.topic_matches(f"clients/{own}/#", response_topic):
             return True
+        return self._granted_publish(identity, response_topic)
+
+    def _granted_publish(self, identity: ClientIdentity, topic: str) -> bool:
         return any(
             _topic_pattern_matches(pattern, identity, topic, mp.topic_matches)
             for rule in self._for(identity)

@@ -93,6 +93,8 @@ class Broker:
         self._server: asyncio.Server | None = None
         self._connections: set[Connection] = set()  # every open socket, CONNECTed or not
         self._sessions: dict[str, Connection] = {}  # client id -> its live connection
+        # client id -> who it was, while the will of its ended connection is dispatched
+        self._departing: dict[str, ClientIdentity] = {}
         self._connection_rate: TokenBucket | None = None
         self._refused = 0
         self._refusals_logged_at = 0.0
@@ -199,7 +201,13 @@ class Broker:
         return set(self._sessions)
 
     def identity(self, client_id: str) -> ClientIdentity | None:
-        """Who the live connection of ``client_id`` authenticated as, or None if absent."""
+        """Who the live connection of ``client_id`` authenticated as, or None if absent.
+
+        While the will of a connection that ended is dispatched, who that connection was.
+        """
+        departing = self._departing.get(client_id)
+        if departing is not None:
+            return departing
         connection = self._sessions.get(client_id)
         return None if connection is None else connection.identity
 
@@ -264,10 +272,20 @@ class Broker:
         self._routes.clear()
 
     def connection_ended(
-        self, client_id: str, reason: DisconnectReason, will: Message | None
+        self,
+        client_id: str,
+        reason: DisconnectReason,
+        will: Message | None,
+        identity: ClientIdentity | None,
     ) -> None:
         if will is not None:
-            self.dispatch(will, sender=None, sender_id=client_id)
+            # A will to the store is a request: it runs as the client it was left by.
+            if identity is not None:
+                self._departing[client_id] = identity
+            try:
+                self.dispatch(will, sender=None, sender_id=client_id)
+            finally:
+                self._departing.pop(client_id, None)
         for callback in list(self._disconnect_callbacks):
             try:
                 callback(client_id, reason)

@@ -255,7 +255,7 @@ class Connection(asyncio.Protocol):
         will = self._will if publish_will else None
         self._will = None
         logger.info("client %s disconnected (%s)", client_id, reason.value)
-        self._broker.connection_ended(client_id, reason, will)
+        self._broker.connection_ended(client_id, reason, will, self.identity)
 
     def abort(self) -> None:
         if self._transport is not None:
@@ -383,6 +383,13 @@ class Connection(asyncio.Protocol):
         if will is not None and not mp.is_valid_topic_name(will.topic):
             self._refuse_connect(ReasonCode.TOPIC_NAME_INVALID, f"will topic {will.topic!r}")
             return
+        will_response = None if will is None else will.properties.response_topic
+        if will_response is not None and not mp.is_valid_topic_name(will_response):
+            # As for a PUBLISH: nobody could ever answer on it.
+            self._refuse_connect(
+                ReasonCode.PROTOCOL_ERROR, f"invalid will response topic {will_response!r}"
+            )
+            return
         refusal = broker.authenticate(packet, self.certificate_subject)
         if refusal != ReasonCode.SUCCESS:
             who = f"client id {packet.client_id!r}"
@@ -422,9 +429,11 @@ class Connection(asyncio.Protocol):
             if not authorizer.may_connect(identity):
                 self._refuse_connect(ReasonCode.NOT_AUTHORIZED, f"no Connect grant for {identity}")
                 return
-            if will is not None and not authorizer.may_publish(identity, will.topic):
+            if will is not None and not authorizer.may_publish(identity, will.topic, will_response):
                 self._refuse_connect(
-                    ReasonCode.NOT_AUTHORIZED, f"no Publish grant for the will topic {will.topic!r}"
+                    ReasonCode.NOT_AUTHORIZED,
+                    f"no Publish grant for the will topic {will.topic!r}"
+                    f" (response topic {will_response!r})",
                 )
                 return
         keep_alive = packet.keep_alive
@@ -474,8 +483,16 @@ class Connection(asyncio.Protocol):
             return
         assert self.client_id is not None and self.identity is not None
         authorizer = self._broker.authorizer
-        if authorizer is not None and not authorizer.may_publish(self.identity, packet.topic):
-            logger.info("%s may not publish to %s", self.client_id, packet.topic)
+        response_topic = props.response_topic
+        if authorizer is not None and not authorizer.may_publish(
+            self.identity, packet.topic, response_topic
+        ):
+            logger.info(
+                "%s may not publish to %s (response topic %s)",
+                self.client_id,
+                packet.topic,
+                response_topic,
+            )
             if packet.packet_id is not None:
                 self._send(mp.Puback(packet.packet_id, ReasonCode.NOT_AUTHORIZED))
             return

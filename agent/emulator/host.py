@@ -24,7 +24,9 @@ ConnectionT = TypeVar("ConnectionT", contravariant=True)
 class TopicAuthorizer(Protocol):
     def may_connect(self, identity: ClientIdentity) -> bool: ...
 
-    def may_publish(self, identity: ClientIdentity, topic: str) -> bool: ...
+    def may_publish(
+        self, identity: ClientIdentity, topic: str, response_topic: str | None = None
+    ) -> bool: ...
 
     def may_subscribe(self, identity: ClientIdentity, topic_filter: str) -> bool: ...
 
@@ -76,9 +78,13 @@ class ConnectionHost(Protocol[ConnectionT]):
         ...
 
     def connection_ended(
-        self, client_id: str, reason: DisconnectReason, will: Message | None
+        self,
+        client_id: str,
+        reason: DisconnectReason,
+        will: Message | None,
+        identity: ClientIdentity | None,
     ) -> None:
-        """Publishes the will (if any), then tells the on_disconnect callbacks."""
+        """Publishes the will (if any) as ``identity``, then tells the on_disconnect callbacks."""
         ...
 
     def dispatch(

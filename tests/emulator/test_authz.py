@@ -105,6 +105,20 @@ def test_the_state_store_topics_need_no_topic_grant(rules: AuthorizationRules) -
     assert not rules.may_subscribe(VIEWER, "clients/statestore/#")
 
 
+def test_a_request_is_answered_only_where_its_client_may_publish(
+    rules: AuthorizationRules,
+) -> None:
+    invoke = topics.INVOKE_TOPIC
+    assert rules.may_publish(GW, invoke, topics.response_topic("gw-1"))  # its own space
+    assert rules.may_publish(GW, invoke, "telemetry/gw-1")  # a Publish grant
+    assert not rules.may_publish(GW, invoke, topics.response_topic("gw-2"))
+    assert not rules.may_publish(GW, invoke, "gateways/line1/health")
+    assert not rules.may_publish(VIEWER, invoke, "telemetry/any")
+    # A client id that is not a whole topic level has no space of its own.
+    assert not rules.may_publish(ClientIdentity("gw-a/b"), invoke, "clients/gw-a/b/x")
+    assert not rules.may_publish(ClientIdentity("gw-+"), invoke, "clients/gw-+/x")
+
+
 @pytest.mark.parametrize("client_id", ["+", "#", "gw-a/b", "gw-+"])
 def test_a_client_id_with_wildcards_widens_no_topic_grant(
     rules: AuthorizationRules, client_id: str

@@ -7,8 +7,10 @@ is not ours) and raw sockets speaking our codec, with certificates the tests mak
 from __future__ import annotations
 
 import json
+import logging
 import os
 import ssl
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,10 @@ from agent.emulator.authn import Authenticator, TokenFile, parse_users
 from agent.emulator.authz import ClientIdentity, parse_rules
 from agent.emulator.tls import server_context
 from agent.protocol import topics
+from agent.protocol.resp3 import encode_request
 from tests.emulator.certs import Authority, Issued
 from tests.emulator.conftest import TIMEOUT, EmulatorThread, RawClient
-from tests.support.paho_client import PahoStoreClient
+from tests.support.paho_client import PahoStoreClient, now_ts
 
 EmulatorFactory = Callable[..., EmulatorThread]
 OK = b"+OK\r\n"
@@ -379,3 +382,106 @@ def _with_sat(connect: Callable[..., Any]) -> Callable[..., Any]:
         return connect(*args, properties=properties, **kwargs)
 
     return sat_connect
+
+
+# ---------------------------------------------------------------------------- response topics
+
+
+def store_request(
+    packet_id: int, response_topic: str, *args: bytes, correlation: bytes = b"c" * 16
+) -> mp.Publish:
+    return mp.Publish(
+        topics.INVOKE_TOPIC,
+        encode_request(list(args)),
+        1,
+        packet_id=packet_id,
+        properties=mp.Properties(
+            response_topic=response_topic,
+            correlation_data=correlation,
+            user_properties=[(topics.TIMESTAMP, now_ts())],
+        ),
+    )
+
+
+def test_the_store_answers_only_where_the_requester_may_publish(
+    guarded: EmulatorThread, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Was: naming `gateways/line1/health` as the response topic got the store to publish
+    there for a client with no Publish grant on it."""
+    caplog.set_level(logging.INFO, logger="agent.emulator")
+    raw = RawClient(guarded.port)
+    raw.connect("op", username="operator", password=b"op-pass")
+    raw.send(mp.Subscribe(1, [mp.Subscription("plant/#", 1), mp.Subscription("clients/op/#", 1)]))
+    raw.expect(mp.Suback)
+    for packet_id, response_topic in enumerate(
+        ["gateways/line1/health", "clients/someone-else/answers", "plant/other/answers"], 2
+    ):
+        raw.send(store_request(packet_id, response_topic, b"SET", b"line1/x", b"stolen"))
+        puback = raw.expect(mp.Puback)
+        assert (puback.packet_id, puback.reason_code) == (packet_id, 0x87), response_topic
+        assert response_topic in caplog.text
+    # Under a Publish grant, and in its own clients/{clientId}/ space, it is answered.
+    for packet_id, response_topic in enumerate(
+        ["plant/operator/answers", topics.response_topic("op")], 10
+    ):
+        raw.send(store_request(packet_id, response_topic, b"GET", b"line1/x"))
+        received = [raw.receive(), raw.receive()]  # the answer and the PUBACK
+        answer = next(p for p in received if isinstance(p, mp.Publish))
+        assert answer.topic == response_topic and answer.payload == b"$-1\r\n"
+        if answer.qos:
+            raw.send(mp.Puback(answer.packet_id or 0))
+    raw.close()
+
+
+@pytest.mark.parametrize("response_topic", ["a/#", "", "x/+/y"])
+def test_a_will_with_an_invalid_response_topic_is_refused_at_connect(
+    emulator_factory: EmulatorFactory, response_topic: str
+) -> None:
+    """Was: accepted at CONNECT, and a traceback in the log when the will fired."""
+    server = emulator_factory()
+    raw = RawClient(server.port)
+    will = mp.Will(
+        topics.INVOKE_TOPIC,
+        encode_request([b"GET", b"k"]),
+        1,
+        properties=mp.Properties(response_topic=response_topic, correlation_data=b"c"),
+    )
+    raw.send(mp.Connect("w", will=will))
+    assert raw.expect(mp.Connack).reason_code == mp.ReasonCode.PROTOCOL_ERROR
+    raw.close()
+
+
+def test_a_will_is_held_to_the_rules_of_a_request(
+    guarded: EmulatorThread, store_clients: Callable[..., PahoStoreClient]
+) -> None:
+    """A will to the invoke topic is a store request: its response topic must be one its
+    client may publish to (was: any, another client's included), and it runs as its client."""
+
+    def will(response_topic: str, key: bytes) -> mp.Will:
+        return mp.Will(
+            topics.INVOKE_TOPIC,
+            encode_request([b"SET", key, b"fired"]),
+            1,
+            properties=mp.Properties(
+                response_topic=response_topic,
+                correlation_data=b"c" * 16,
+                user_properties=[(topics.TIMESTAMP, now_ts())],
+            ),
+        )
+
+    def connect(response_topic: str, key: bytes) -> RawClient:
+        raw = RawClient(guarded.port)
+        left = will(response_topic, key)
+        raw.send(mp.Connect("op", username="operator", password=b"op-pass", will=left))
+        return raw
+
+    raw = connect(topics.response_topic("victim"), b"line1/a")
+    assert raw.expect(mp.Connack).reason_code == mp.ReasonCode.NOT_AUTHORIZED
+    raw.close()
+    raw = connect(topics.response_topic("op"), b"line1/b")
+    assert raw.expect(mp.Connack).reason_code == 0
+    raw.close()  # dropped: the will fires, as operator
+    reader = store_clients(guarded.port, "reader", configure=credentials("operator", "op-pass"))
+    deadline = time.monotonic() + TIMEOUT
+    while (value := reader.request("GET", "line1/b").payload) != b"$5\r\nfired\r\n":
+        assert time.monotonic() < deadline, value
