@@ -96,6 +96,7 @@ class Broker:
         # client id -> who it was, while the will of its ended connection is dispatched
         self._departing: dict[str, ClientIdentity] = {}
         self._connection_rate: TokenBucket | None = None
+        self._unauthenticated_bytes = 0  # held by sockets whose CONNECT is not accepted yet
         self._refused = 0
         self._refusals_logged_at = 0.0
         self._intercepts: list[tuple[str, InterceptHandler]] = []
@@ -245,6 +246,17 @@ class Broker:
 
     def release(self, connection: Connection) -> None:
         self._connections.discard(connection)
+
+    def hold_unauthenticated(self, change: int) -> bool:
+        held = self._unauthenticated_bytes + change
+        if change > 0 and held > self.limits.max_unauthenticated_bytes:
+            return False
+        self._unauthenticated_bytes = held
+        return True
+
+    def unauthenticated_bytes(self) -> int:
+        """What the sockets whose CONNECT is not accepted yet hold, together."""
+        return self._unauthenticated_bytes
 
     def authenticate(self, connect: mp.Connect, certificate_subject: str | None) -> int:
         if self.authenticator is None:

@@ -116,6 +116,13 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="a client that has not completed CONNECT by then is closed (default %(default)s)",
     )
+    limits.add_argument(
+        "--max-connect-size",
+        type=int,
+        default=defaults.max_connect_size,
+        metavar="BYTES",
+        help="largest CONNECT: what a client not yet authenticated may send (default %(default)s)",
+    )
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR")
     parser.set_defaults(func=run)
 
@@ -168,6 +175,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             max_connections=args.max_connections,
             max_connection_rate=args.max_connection_rate,
             connect_timeout_s=args.connect_timeout,
+            max_connect_size=args.max_connect_size,
         )
     except ValueError as error:
         raise _ConfigError(f"--{str(error).replace('_', '-')}") from None

@@ -58,7 +58,11 @@ class Connection(asyncio.Protocol):
         self._limits = broker.limits
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
-        self._reader = mp.PacketReader(broker.limits.max_packet_size)
+        # Until its CONNECT is accepted, a client may send only a CONNECT, and a small one.
+        self._reader = mp.PacketReader(
+            min(broker.limits.max_connect_size, broker.limits.max_packet_size)
+        )
+        self._held = 0  # bytes counted in the broker's hold_unauthenticated()
         self.peer = "?"
         self.client_id: str | None = None  # set once the CONNECT is accepted
         self.identity: ClientIdentity | None = None
@@ -152,11 +156,29 @@ class Connection(asyncio.Protocol):
         if self._ended:
             return
         self._reader.feed(data)
-        if not self._tls_ready:
-            # The TLS layer can hand over the CONNECT before start_tls() has returned, that
-            # is before the client certificate is known: it waits for _start_tls().
+        if self._tls_ready:
+            self._take_turn()
+        # else the TLS layer handed over the CONNECT before start_tls() returned, that is
+        # before the client certificate is known: it waits for _start_tls().
+        if self.client_id is None:
+            self._hold_unauthenticated()
+
+    def _hold_unauthenticated(self) -> None:
+        """Counts what this client, not yet connected, holds; refuses it past the bound."""
+        held = 0 if self._ended or self.client_id is not None else self._reader.buffered
+        if held == self._held:
             return
-        self._take_turn()
+        if not self._broker.hold_unauthenticated(held - self._held):
+            logger.warning(
+                "closing connection from %s before CONNECT: clients not yet connected "
+                "hold %d bytes or more (the most they may)",
+                self.peer,
+                self._limits.max_unauthenticated_bytes,
+            )
+            self._send(mp.Connack(ReasonCode.SERVER_BUSY))
+            self.end(DisconnectReason.PROTOCOL_ERROR, None)
+            return
+        self._held = held
 
     def _take_turn(self) -> None:
         """Handles up to ``packets_per_turn`` packets, then lets other clients in."""
@@ -235,6 +257,9 @@ class Connection(asyncio.Protocol):
         if self._ended:
             return
         self._ended = True
+        if self._held:
+            self._broker.hold_unauthenticated(-self._held)
+            self._held = 0
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -450,6 +475,10 @@ class Connection(asyncio.Protocol):
         broker.register(self, client_id)
         self.client_id = client_id
         self.identity = identity
+        self._reader.max_packet_size = self._limits.max_packet_size
+        if self._held:
+            broker.hold_unauthenticated(-self._held)
+            self._held = 0
         self._send(mp.Connack(ReasonCode.SUCCESS, False, connack))
         if self._timer is not None:
             self._timer.cancel()

@@ -61,6 +61,11 @@ class ConnectionHost(Protocol[ConnectionT]):
         """The socket of ``connection`` is closed: it no longer counts."""
         ...
 
+    def hold_unauthenticated(self, change: int) -> bool:
+        """Counts ``change`` more bytes held by clients not yet connected (negative: fewer);
+        False, and nothing counted, if that would take them past what they may hold."""
+        ...
+
     def authenticate(self, connect: mp.Connect, certificate_subject: str | None) -> int:
         """The CONNACK reason code for this CONNECT: SUCCESS lets it in."""
         ...

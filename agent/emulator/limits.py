@@ -33,6 +33,11 @@ class BrokerLimits:
       worth); more are closed at once.
     - ``connect_timeout_s``: a socket that has not completed CONNECT (and its TLS
       handshake) by then is closed.
+    - ``max_connect_size``: the largest CONNECT: until its CONNECT is accepted a client is
+      unknown, and may cost no more than that (a bigger one is refused with 0x95 as soon
+      as its header arrives).
+    - ``max_unauthenticated_bytes``: what all clients not yet connected may hold together
+      (their partial CONNECTs); one that would take them past it is refused (0x89).
     - ``packets_per_turn``: packets handled from one client before the others get a turn.
     """
 
@@ -42,6 +47,8 @@ class BrokerLimits:
     max_connection_rate: float = 200.0
     connect_timeout_s: float = 10.0
     packets_per_turn: int = 16
+    max_connect_size: int = 64 * KIB
+    max_unauthenticated_bytes: int = 4 * MIB
 
     def __post_init__(self) -> None:
         if not 64 <= self.max_packet_size <= mp.MAX_PACKET_SIZE:
@@ -56,6 +63,10 @@ class BrokerLimits:
             raise ValueError("connect_timeout_s must be > 0")
         if self.packets_per_turn < 1:
             raise ValueError("packets_per_turn must be at least 1")
+        if not 64 <= self.max_connect_size <= mp.MAX_PACKET_SIZE:
+            raise ValueError(f"max_connect_size must be in 64..{mp.MAX_PACKET_SIZE}")
+        if self.max_unauthenticated_bytes < self.max_connect_size:
+            raise ValueError("max_unauthenticated_bytes must be at least max_connect_size")
 
     @classmethod
     def default(cls) -> BrokerLimits:

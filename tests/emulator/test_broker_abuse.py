@@ -249,3 +249,57 @@ def test_a_request_flood_does_not_starve_another_client(
         assert after < 2_000, line
     finally:
         sender.join(TIMEOUT * 5)
+
+
+MIB = 1024 * KIB
+
+
+def _connect_of(size: int, client_id: str) -> bytes:
+    """The bytes of a CONNECT of exactly ``size`` bytes (padded with a user property)."""
+    pad = size
+    while len(data := mp.encode(mp.Connect(client_id, properties=_padded(pad)))) != size:
+        pad -= len(data) - size  # the lengths' own sizes change with it
+    return data
+
+
+def _padded(count: int) -> mp.Properties:
+    return mp.Properties(user_properties=[("pad", "x" * count)])
+
+
+def test_a_client_that_has_not_authenticated_may_not_announce_a_big_connect(
+    broker_factory: BrokerFactory, paho_factory: PahoFactory, raw_factory: RawFactory
+) -> None:
+    """Was: 24 sockets each announcing a 16 MiB CONNECT and sending 15 MiB of it took the
+    broker from 61 to 437 MiB, with no credentials; each waited for the rest of its CONNECT."""
+    broker = broker_factory()  # the default limits
+    raw = raw_factory(broker.port)
+    raw.send_bytes(b"\x10" + mp.encode_varint(16 * MIB - 5))
+    assert raw.expect(mp.Connack).reason_code == mp.ReasonCode.PACKET_TOO_LARGE
+    raw.expect_closed()
+    # Once connected, the client's packets may be as big as the maximum packet size.
+    big = raw_factory(broker.port)
+    big.connect("big")
+    big.send(mp.Publish("t", b"x" * (256 * KIB), 1, packet_id=1))
+    assert big.expect(mp.Puback).reason_code == 0
+    assert_broker_serves(paho_factory, broker.port)
+
+
+def test_all_clients_that_have_not_authenticated_together_hold_a_bounded_amount(
+    broker_factory: BrokerFactory, paho_factory: PahoFactory, raw_factory: RawFactory
+) -> None:
+    broker = broker_factory(max_connect_size=4 * KIB, max_unauthenticated_bytes=10 * KIB)
+    connects = [_connect_of(3500, f"holder-{i}") for i in range(5)]
+    holders = [raw_factory(broker.port) for _ in range(4)]
+    for holder, data in zip(holders, connects, strict=False):
+        holder.send_bytes(data[:3000])
+    # Three hold 9000 bytes; the fourth would take them past 10 KiB: it is told so.
+    assert holders[3].expect(mp.Connack).reason_code == mp.ReasonCode.SERVER_BUSY
+    holders[3].expect_closed()
+    assert_broker_serves(paho_factory, broker.port)  # a small CONNECT still fits
+    holders[0].close()  # what it held is free again
+    fifth = raw_factory(broker.port)
+    fifth.send_bytes(connects[4][:3000])
+    completing = [(holders[1], connects[1]), (holders[2], connects[2]), (fifth, connects[4])]
+    for holder, data in completing:
+        holder.send_bytes(data[3000:])
+        assert holder.expect(mp.Connack).reason_code == 0
