@@ -35,6 +35,7 @@ LOG_NAME: Final = "store.log"
 _FRAME = struct.Struct(">II")  # body length, crc32 of the body
 _SET, _DELETE, _CLOCK = b"S", b"D", b"C"
 _NO_EXPIRY: Final = -1
+_MAX_DEADLINE: Final = (1 << 63) - 1
 # The clock record is written this far ahead of the clock, and renewed when the clock gets
 # within half of it: one small record a second or so under load, none when idle.
 CLOCK_LEASE_MS: Final = 2_000
@@ -276,6 +277,10 @@ class StoreJournal:
     def _stored(self, entry: Entry) -> StoredEntry:
         expires = entry.expires_at_ms
         wall = None if expires is None else self._wall() + (expires - self._monotonic())
+        if wall is not None:
+            # The store takes any PX of up to 19 digits; a deadline past what the log's
+            # signed 64-bit field holds (some 292 million years) is kept as its largest.
+            wall = min(wall, _MAX_DEADLINE)
         return StoredEntry(entry.value, entry.version, entry.fencing_token, wall)
 
     def _snapshot(self, entries: dict[bytes, Entry]) -> Iterator[bytes]:

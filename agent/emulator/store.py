@@ -385,9 +385,10 @@ class StateStore:
         if token is not None and (stored_token is None or token > stored_token):
             stored_token = token
         expires = None if options.expiry_ms is None else self._monotonic() + options.expiry_ms
-        new_entry = self._entries[key] = Entry(value, version, stored_token, expires)
+        new_entry = Entry(value, version, stored_token, expires)
         if self.journal is not None:
-            self.journal.put(key, new_entry)
+            self.journal.put(key, new_entry)  # first: if it fails, nothing has changed
+        self._entries[key] = new_entry
         if expires is not None:
             heapq.heappush(self._deadlines, (expires, key))
         # Built only when someone watches the key: most SETs notify nobody.
@@ -414,9 +415,9 @@ class StateStore:
         elif expected is not None and entry.value != expected:
             result = -1
         else:
-            del self._entries[key]
             if self.journal is not None:
                 self.journal.delete(key)
+            del self._entries[key]
             reply = Reply(encode_response(1), now)
             return Outcome(reply, self._notify(key, Notification("DELETE"), now))
         return Outcome(Reply(encode_response(result), now))

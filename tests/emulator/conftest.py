@@ -357,7 +357,9 @@ class EmulatorThread(LoopThread):
         return self.emulator.port
 
     def stop(self) -> None:
-        self.stop_loop(self.emulator.stop())
+        """Stops the emulator (once: a test may stop it before the fixture does)."""
+        if not self.loop.is_closed():
+            self.stop_loop(self.emulator.stop())
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from hypothesis import given
@@ -19,6 +20,8 @@ from agent.emulator.persistence import (
 from agent.emulator.store import StateStore
 from agent.protocol.hlc import Hlc
 from agent.protocol.resp3 import decode_response, encode_request
+from tests.emulator.conftest import TIMEOUT, EmulatorThread
+from tests.support.paho_client import PahoStoreClient
 
 NOW = 1_700_000_000_000
 
@@ -179,3 +182,31 @@ def test_every_cut_of_a_log_loads_a_prefix_of_it(log: list[bytes], data: st.Data
 @given(st.binary(max_size=200))
 def test_garbage_never_raises(data: bytes) -> None:
     replay(data)
+
+
+# ---------------------------------------------------------------------------- over MQTT
+
+
+def test_a_huge_px_is_kept_alike_with_and_without_a_data_dir(
+    tmp_path: Path, emulator_factory: Callable[..., EmulatorThread]
+) -> None:
+    """Was, with --data-dir: `-ERR internal error` and a traceback, yet the value stored
+    (watchers not told, gone after a restart); without it, +OK."""
+    huge = str(2**63 - 1)
+    for data_dir in (None, tmp_path / "data"):
+        server = emulator_factory(data_dir=data_dir)
+        client = PahoStoreClient("127.0.0.1", server.port, "c")
+        try:
+            assert client.request("KEYNOTIFY", "k").payload == b"+OK\r\n"
+            assert client.request("SET", "k", "v", "PX", huge).payload == b"+OK\r\n"
+            assert b"SET" in client.notifications.get(timeout=TIMEOUT).payload
+            assert client.request("GET", "k").payload == b"$1\r\nv\r\n"
+        finally:
+            client.close()
+        server.stop()
+    again = emulator_factory(data_dir=tmp_path / "data")
+    client = PahoStoreClient("127.0.0.1", again.port, "c")
+    try:
+        assert client.request("GET", "k").payload == b"$1\r\nv\r\n"
+    finally:
+        client.close()
