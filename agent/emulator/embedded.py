@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 # MQTT reason code "Protocol Error": the real service disconnects clients that ask for a
 # forbidden response topic.
 _PROTOCOL_ERROR = 0x82
+# How often a journal that failed to write tries again (persistence.StoreJournal.retry).
+_JOURNAL_RETRY_S = 1.0
 
 
 def _warn_of_unproven_users(
@@ -87,6 +89,7 @@ class EmbeddedStateStore:
             authorizer=key_authorizer,
             journal=self.journal,
         )
+        self._journal_retry: asyncio.TimerHandle | None = None
         self.service = StoreService(
             self.store,
             self.broker.publish,
@@ -126,7 +129,15 @@ class EmbeddedStateStore:
         if self.journal is not None:
             await asyncio.to_thread(self._load)
         await self.broker.start()
+        if self.journal is not None:
+            self._retry_journal()
         log.info("state store serving at %s", self.url)
+
+    def _retry_journal(self) -> None:
+        assert self.journal is not None
+        self.journal.retry()  # nothing to do unless a write failed
+        loop = asyncio.get_running_loop()
+        self._journal_retry = loop.call_later(_JOURNAL_RETRY_S, self._retry_journal)
 
     def _load(self) -> None:
         assert self.journal is not None
@@ -146,6 +157,9 @@ class EmbeddedStateStore:
         )
 
     async def stop(self) -> None:
+        if self._journal_retry is not None:
+            self._journal_retry.cancel()
+            self._journal_retry = None
         self.service.close()
         await self.broker.stop()
         if self.journal is not None:

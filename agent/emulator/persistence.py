@@ -11,10 +11,17 @@ whenever it has grown to several times their size.
 Writes never block the event loop: records are encoded on it (cheap) and handed to one
 writer thread, which appends, flushes and fsyncs them in batches. A reply does not wait for
 its record to reach the disk: a crash loses at most the last moments of writes.
+
+When a write fails (a full disk), its partial record is cut off and nothing more is appended:
+the journal is not ``writable()`` and the store refuses every write, saying so, until a
+rewrite of the whole log from the live keys succeeds (``retry()``, asked every second, and
+once more at ``close()``). The keys are in memory meanwhile, those whose records failed too,
+so none is lost when the disk has room again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -174,6 +181,8 @@ def replay(data: bytes) -> Loaded:
 
 
 class _Compact:
+    """Rewrite the log with these records: a compaction, or a retry after a failure."""
+
     def __init__(self, records: Callable[[], Iterator[bytes]]) -> None:
         self.records = records
 
@@ -197,7 +206,11 @@ class StoreJournal:
         self._lease_ms = 0
         self._written = 0  # bytes appended since the last compaction
         self._live_estimate = 0  # the size of the log right after the last compaction
+        # Set by the writer thread when a write fails, cleared when a rewrite succeeds; the
+        # event loop reads it (writable()).
         self.failed: OSError | None = None
+        self._retrying = False  # a rewrite after a failure is queued
+        self._size = 0  # bytes of whole records in the log (the writer thread's)
         self._entries: Callable[[], dict[bytes, Entry]] | None = None
 
     # ---- blocking: before serving and after (call in a worker thread) -----------------------
@@ -231,17 +244,41 @@ class StoreJournal:
         self._thread.start()
 
     def close(self) -> None:
-        """Writes what is queued and stops the writer thread."""
+        """Writes what is queued and stops the writer thread.
+
+        After a failed write, tries once more to rewrite the log: the store is stopped by
+        then, so nothing changes the keys meanwhile.
+        """
         if self._thread is None:
             return
+        if self.failed is not None and self._entries is not None:
+            self._queue.put(self._compaction())
         self._queue.put(None)
         self._thread.join()
         self._thread = None
         if self._file is not None:
             os.close(self._file)
             self._file = None
+        if self.failed is not None:
+            log.error(
+                "%s could not be written before stopping (%s): the changes since the "
+                "first failure are lost",
+                self.path,
+                self.failed,
+            )
 
     # ---- on the event loop (StateStore calls these) ------------------------------------------
+
+    def writable(self) -> bool:
+        """Whether changes are kept: not from a failed write until a rewrite succeeds."""
+        return self.failed is None
+
+    def retry(self) -> None:
+        """After a failed write, queues a rewrite of the log from the live keys (one at a time)."""
+        if self.failed is None or self._retrying or self._entries is None:
+            return
+        self._retrying = True
+        self._queue.put(self._compaction())
 
     def put(self, key: bytes, entry: Entry) -> None:
         self._append(encode_set(key, self._stored(entry)))
@@ -263,16 +300,21 @@ class StoreJournal:
             and self._written > _COMPACT_MIN_BYTES
             and self._written > _COMPACT_FACTOR * self._live_estimate
         ):
-            snapshot = dict(self._entries())  # entries are replaced, never changed: consistent
-            self._written = 0
-            self._live_estimate = sum(len(k) + len(e.value) + 48 for k, e in snapshot.items())
-            lease = encode_clock(Hlc(self._lease_ms, 0, "journal"))
+            self._queue.put(self._compaction())
 
-            def records() -> Iterator[bytes]:
-                yield from self._snapshot(snapshot)
-                yield lease
+    def _compaction(self) -> _Compact:
+        """A rewrite of the log from the keys as they are now."""
+        assert self._entries is not None
+        snapshot = dict(self._entries())  # entries are replaced, never changed: consistent
+        self._written = 0
+        self._live_estimate = sum(len(k) + len(e.value) + 48 for k, e in snapshot.items())
+        lease = encode_clock(Hlc(self._lease_ms, 0, "journal"))
 
-            self._queue.put(_Compact(records))
+        def records() -> Iterator[bytes]:
+            yield from self._snapshot(snapshot)
+            yield lease
+
+        return _Compact(records)
 
     def _stored(self, entry: Entry) -> StoredEntry:
         expires = entry.expires_at_ms
@@ -302,6 +344,7 @@ class StoreJournal:
                     self._write(batch)
                     batch = []
                     self._rewrite(list(item.records()))
+                    self._retrying = False
                 else:
                     batch.append(item)
                 if len(batch) >= _MAX_BATCH:
@@ -315,23 +358,37 @@ class StoreJournal:
                 return
 
     def _write(self, batch: list[bytes]) -> None:
-        if not batch or self._file is None:
-            return
+        if not batch or self._file is None or self.failed is not None:
+            return  # after a failure, only a rewrite from the live keys writes again
+        data = b"".join(batch)
         try:
-            _write_all(self._file, b"".join(batch))
+            _write_all(self._file, data)
             os.fsync(self._file)
         except OSError as exc:
-            if self.failed is None:
-                log.error("cannot write %s (changes are no longer kept): %s", self.path, exc)
-            self.failed = exc
+            self._fail(exc)
+            return
+        self._size += len(data)
+
+    def _fail(self, error: OSError) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._file, self._size)  # no torn record left in the log
+        if self.failed is None:
+            log.error(
+                "cannot write %s (%s): writes are refused until it can be written again",
+                self.path,
+                error,
+            )
+        self.failed = error
 
     def _rewrite(self, records: list[bytes]) -> None:
         """Replaces the log atomically with ``records`` and appends to the new one."""
+        data = b"".join(records)
         temporary = self.path.with_suffix(".tmp")
         try:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                _write_all(fd, b"".join(records))
+                _write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -341,14 +398,21 @@ class StoreJournal:
                 os.fsync(directory)
             finally:
                 os.close(directory)
-            if self._file is not None:
-                os.close(self._file)
-            self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            appending = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)  # what it holds of a full disk is freed
             if self._thread is None:
                 raise PersistenceError(f"cannot write {self.path}: {exc}") from None
-            log.error("cannot compact %s: %s", self.path, exc)
-            self.failed = exc
+            self._fail(exc)
+            return
+        if self._file is not None:
+            os.close(self._file)
+        self._file = appending
+        self._size = len(data)
+        if self.failed is not None:
+            log.warning("%s can be written again: writes are accepted", self.path)
+            self.failed = None
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -52,12 +52,21 @@ class Entry:
 class Journal(Protocol):
     """Where the store reports its changes to be kept (``persistence.StoreJournal``)."""
 
+    def writable(self) -> bool:
+        """Whether changes are kept now; while not, the store refuses writes."""
+        ...
+
     def put(self, key: bytes, entry: Entry) -> None: ...
 
     def delete(self, key: bytes) -> None: ...
 
     def observe_clock(self, current: Hlc) -> None: ...
 
+
+# The answer to a write while the journal cannot keep it (a full disk); clients keep an
+# unknown text as a generic service error (protocol.md §2).
+DISK_FAILED = "the store cannot write to its disk"
+_WRITES = (b"SET", b"DEL", b"VDEL")
 
 # The node id a restored clock bound is merged under: never the service's own.
 _RESTORED_NODE = "~restored"
@@ -349,6 +358,8 @@ class StateStore:
             access = Access.READ if command in (b"GET", b"KEYNOTIFY") else Access.WRITE
             if not self._authorizer(client_id, key, access):
                 raise _Refused(errors.NOT_AUTHORIZED)
+        if command in _WRITES and self.journal is not None and not self.journal.writable():
+            raise _Refused(DISK_FAILED)
         if request_ts is not None:
             self.clock.receive(request_ts)
 

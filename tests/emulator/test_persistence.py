@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,9 +23,11 @@ from agent.emulator.store import StateStore
 from agent.protocol.hlc import Hlc
 from agent.protocol.resp3 import decode_response, encode_request
 from tests.emulator.conftest import TIMEOUT, EmulatorThread
+from tests.emulator.test_cli import started
 from tests.support.paho_client import PahoStoreClient
 
 NOW = 1_700_000_000_000
+DISK_ERROR = b"-ERR the store cannot write to its disk\r\n"
 
 
 class Clocks:
@@ -210,3 +214,61 @@ def test_a_huge_px_is_kept_alike_with_and_without_a_data_dir(
         assert client.request("GET", "k").payload == b"$1\r\nv\r\n"
     finally:
         client.close()
+
+
+def _limit_file_size(pid: int, size: int | None) -> None:
+    """What a full disk looks like to the emulator's writes: they fail (EFBIG) past ``size``."""
+    _, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(
+        pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY if size is None else size, hard)
+    )
+
+
+def test_a_full_disk_refuses_writes_and_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """Was: writes went on being answered +OK after the log could no longer be written;
+    after a restart about half of those written while the disk filled, and none of those
+    written after space was freed, were there."""
+    data = tmp_path / "data"
+    process, port = started("--data-dir", str(data))
+    acknowledged: dict[str, str] = {}
+    refused: set[str] = set()
+    client = PahoStoreClient("127.0.0.1", port, "writer")
+    try:
+        for index in range(10):
+            assert client.request("SET", f"before-{index}", "v").payload == b"+OK\r\n"
+            acknowledged[f"before-{index}"] = "v"
+        size = (data / persistence.LOG_NAME).stat().st_size
+        _limit_file_size(process.proc.pid, size + 4096)  # the disk fills up
+        value = "x" * 200
+        for index in range(2000):
+            answer = client.request("SET", f"filling-{index}", value).payload
+            if answer == b"+OK\r\n":
+                acknowledged[f"filling-{index}"] = value
+            else:
+                assert answer == DISK_ERROR, answer
+                refused.add(f"filling-{index}")
+                if len(refused) == 20:
+                    break
+        assert len(refused) == 20, "writes went on being acknowledged on a full disk"
+        assert client.request("DEL", "before-0").payload == DISK_ERROR
+        _limit_file_size(process.proc.pid, None)  # space is freed: it writes again
+        deadline = time.monotonic() + 10
+        while client.request("SET", "after", "1").payload != b"+OK\r\n":
+            assert time.monotonic() < deadline, "writes were not accepted again"
+        acknowledged["after"] = "1"
+        assert client.request("DEL", "before-1").payload == b":1\r\n"
+        del acknowledged["before-1"]
+    finally:
+        client.close()
+        assert process.stop() == 0
+    process, port = started("--data-dir", str(data))
+    client = PahoStoreClient("127.0.0.1", port, "reader")
+    try:
+        for key, value in acknowledged.items():
+            expected = f"${len(value)}\r\n{value}\r\n".encode()
+            assert client.request("GET", key).payload == expected, key
+        for key in [*refused, "before-1"]:
+            assert client.request("GET", key).payload == b"$-1\r\n", key
+    finally:
+        client.close()
+        assert process.stop() == 0
