@@ -4,9 +4,15 @@ One append-only log, ``DIR/store.log``: a record per change (a key written with 
 version, fencing token and expiry deadline as a wall-clock time; a key deleted), and now and
 then a clock record, a bound on every timestamp the service has handed out, so that its
 clock never goes backwards across a restart. Each record is framed as
-``[length u32][crc32 u32][body]``: a torn or corrupt tail (a crash mid-write) is dropped at
-load, with a warning. The log is rewritten from the live keys (compacted) at load and
-whenever it has grown to several times their size.
+``[length u32][crc32 u32][body]``. The log is rewritten from the live keys (compacted) at
+load and whenever it has grown to several times their size.
+
+At load, what follows the last whole record is a torn tail (a crash mid-write) when it can
+only be the start of one record cut short: it is dropped, with a warning. Anything else is
+damage: a record that does not check out with whole records after it, a file that does not
+start with a record (every log does: it is written whole, then appended to), a file that is
+not a regular one. Then the emulator does not start, says where the damage is, and leaves
+the file as it is: it is the only copy of what comes after the damage.
 
 Writes never block the event loop: records are encoded on it (cheap) and handed to one
 writer thread, which appends, flushes and fsyncs them in batches. A reply does not wait for
@@ -25,6 +31,8 @@ import contextlib
 import logging
 import os
 import queue
+import re
+import stat
 import struct
 import threading
 import zlib
@@ -63,11 +71,21 @@ class StoredEntry:
     expires_at_wall_ms: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Where a log is damaged (not a torn tail), and how."""
+
+    offset: int
+    size: int  # of the whole log
+    why: str
+
+
 @dataclass(slots=True)
 class Loaded:
     entries: dict[bytes, StoredEntry]
     clock_bound: Hlc | None
-    dropped_bytes: int  # a torn or corrupt tail
+    dropped_bytes: int  # after the last whole record: a torn tail, or damage
+    damage: Damage | None = None  # None: whole, or a torn tail
 
 
 # ---------------------------------------------------------------------------- records (pure)
@@ -129,52 +147,108 @@ class _Body:
         return self.take(length).decode()
 
 
-def read_records(data: bytes) -> tuple[list[bytes], int]:
-    """The bodies of the whole records in ``data``, and how many bytes after them are torn."""
-    bodies = []
-    pos = 0
-    while pos + _FRAME.size <= len(data):
-        length, crc = _FRAME.unpack_from(data, pos)
-        body = data[pos + _FRAME.size : pos + _FRAME.size + length]
-        if len(body) < length or zlib.crc32(body) != crc:
-            break
-        bodies.append(body)
-        pos += _FRAME.size + length
-    return bodies, len(data) - pos
+_KINDS = (_SET, _DELETE, _CLOCK)
+_MAX_RECORD = (1 << 28) + 4096  # a key and a value within the largest MQTT packet
+_RECORD_START = re.compile(b"[SDC]")  # the kind byte that follows a frame's header
+
+_Change = tuple[bytes, bytes, StoredEntry | None] | tuple[bytes, Hlc]
+
+
+def _decode(body: bytes) -> _Change:
+    """One record's change: (kind, key, entry) for SET and DELETE, (kind, bound) for CLOCK."""
+    reader = _Body(body)
+    kind = body[:1]
+    if kind == _SET:
+        key, value = reader.blob(), reader.blob()
+        version = Hlc.parse(reader.text())
+        token_text = reader.text()
+        (expiry,) = struct.unpack(">q", reader.take(8))
+        token = Hlc.parse(token_text) if token_text else None
+        return (
+            kind,
+            key,
+            StoredEntry(value, version, token, None if expiry == _NO_EXPIRY else expiry),
+        )
+    if kind == _DELETE:
+        return kind, reader.blob(), None
+    if kind == _CLOCK:
+        return kind, Hlc.parse(reader.text())
+    raise ValueError(f"unknown record type {kind!r}")
+
+
+def _record_at(data: bytes, pos: int) -> tuple[int, _Change] | None:
+    """The end and the change of the whole record at ``pos``, or None if there is none."""
+    if pos + _FRAME.size > len(data):
+        return None
+    length, crc = _FRAME.unpack_from(data, pos)
+    end = pos + _FRAME.size + length
+    if (
+        not length
+        or end > len(data)
+        or data[pos + _FRAME.size : pos + _FRAME.size + 1] not in _KINDS
+    ):
+        return None
+    body = data[pos + _FRAME.size : end]
+    if zlib.crc32(body) != crc:
+        return None
+    try:
+        return end, _decode(body)
+    except (ValueError, HlcError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def _whole_records_after(data: bytes, pos: int) -> int:
+    """How many whole records there are anywhere after ``pos`` (a damaged record's start)."""
+    count = 0
+    for match in _RECORD_START.finditer(data, pos + 1 + _FRAME.size):
+        at = match.start() - _FRAME.size
+        if at >= pos + 1 and (found := _record_at(data, at)) is not None:
+            count += 1
+            pos = found[0] - 1  # records do not overlap: look on after this one
+    return count
+
+
+def _damage(data: bytes, pos: int) -> Damage | None:
+    """None if what follows the last whole record, at ``pos``, is a torn tail."""
+    size = len(data)
+    if pos == 0:
+        return Damage(0, size, "it does not start with a record: not a store log")
+    following = _whole_records_after(data, pos)
+    if following:
+        return Damage(pos, size, f"a record that does not check out, {following} whole after it")
+    rest = data[pos:]
+    if len(rest) < _FRAME.size or not rest.strip(b"\0"):
+        return None  # a header cut short, or zeros (a file extended before its data landed)
+    (length,) = struct.unpack_from(">I", rest)
+    kind = rest[_FRAME.size : _FRAME.size + 1]
+    if (
+        length <= _MAX_RECORD
+        and kind in (b"", b"\0", *_KINDS)
+        and not rest[_FRAME.size + length :].strip(b"\0")
+    ):
+        return None  # one record cut short, or whose bytes never landed, then only zeros
+    return Damage(pos, size, "bytes after the last whole record that are not one record cut short")
 
 
 def replay(data: bytes) -> Loaded:
-    """The state a log describes; a record that does not decode ends it like a torn one."""
-    bodies, dropped = read_records(data)
+    """The state a log describes, up to its last whole record; what follows is torn or damage."""
     entries: dict[bytes, StoredEntry] = {}
     bound: Hlc | None = None
-    for index, body in enumerate(bodies):
-        try:
-            reader = _Body(body)
-            kind = body[:1]
-            if kind == _SET:
-                key, value = reader.blob(), reader.blob()
-                version = Hlc.parse(reader.text())
-                token_text = reader.text()
-                (expiry,) = struct.unpack(">q", reader.take(8))
-                entries[key] = StoredEntry(
-                    value,
-                    version,
-                    Hlc.parse(token_text) if token_text else None,
-                    None if expiry == _NO_EXPIRY else expiry,
-                )
-                bound = version if bound is None else max(bound, version)
-            elif kind == _DELETE:
-                entries.pop(reader.blob(), None)
-            elif kind == _CLOCK:
-                clock = Hlc.parse(reader.text())
-                bound = clock if bound is None else max(bound, clock)
-            else:
-                raise ValueError(f"unknown record type {kind!r}")
-        except (ValueError, HlcError, struct.error, UnicodeDecodeError):
-            dropped += sum(_FRAME.size + len(b) for b in bodies[index:])
-            break
-    return Loaded(entries, bound, dropped)
+    pos = 0
+    while (found := _record_at(data, pos)) is not None:
+        pos, change = found
+        if len(change) == 2:
+            clock = change[1]
+            bound = clock if bound is None else max(bound, clock)
+            continue
+        _, key, entry = change
+        if entry is None:
+            entries.pop(key, None)
+        else:
+            entries[key] = entry
+            bound = entry.version if bound is None else max(bound, entry.version)
+    damage = None if pos == len(data) else _damage(data, pos)
+    return Loaded(entries, bound, len(data) - pos, damage)
 
 
 # ---------------------------------------------------------------------------- the journal
@@ -216,21 +290,38 @@ class StoreJournal:
     # ---- blocking: before serving and after (call in a worker thread) -----------------------
 
     def load(self) -> Loaded:
+        """The keys the log holds; PersistenceError if it cannot be read or is damaged."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            data = self.path.read_bytes() if self.path.exists() else b""
+            data = self._read()
         except OSError as exc:
             raise PersistenceError(
                 f"cannot use the data directory {self.directory}: {exc}"
             ) from None
         loaded = replay(data)
+        damage = loaded.damage
+        if damage is not None:
+            raise PersistenceError(
+                f"{self.path} is damaged at byte {damage.offset} of {damage.size} "
+                f"({damage.why}); not started, and the file is left as it is: "
+                "move it aside to start without it"
+            )
         if loaded.dropped_bytes:
             log.warning(
-                "%s: dropped %d bytes of a torn or corrupt last record",
+                "%s: dropped %d bytes of a torn last record (a crash mid-write)",
                 self.path,
                 loaded.dropped_bytes,
             )
         return loaded
+
+    def _read(self) -> bytes:
+        try:
+            status = os.stat(self.path)
+        except FileNotFoundError:
+            return b""
+        if not stat.S_ISREG(status.st_mode):
+            raise PersistenceError(f"{self.path} is not a regular file")
+        return self.path.read_bytes()
 
     def open(self, entries: Callable[[], dict[bytes, Entry]], clock: Hlc) -> None:
         """Rewrites the log from the live keys, then starts the writer thread."""
