@@ -28,6 +28,7 @@ so none is lost when the disk has room again.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import queue
@@ -47,6 +48,7 @@ from agent.protocol.hlc import Hlc, HlcError
 log = logging.getLogger(__name__)
 
 LOG_NAME: Final = "store.log"
+LOCK_NAME: Final = "store.lock"  # held (flock) by the emulator using the directory
 _FRAME = struct.Struct(">II")  # body length, crc32 of the body
 _SET, _DELETE, _CLOCK = b"S", b"D", b"C"
 _NO_EXPIRY: Final = -1
@@ -285,6 +287,7 @@ class StoreJournal:
         self.failed: OSError | None = None
         self._retrying = False  # a rewrite after a failure is queued
         self._size = 0  # bytes of whole records in the log (the writer thread's)
+        self._lock: int | None = None  # the open DIR/store.lock while this journal holds it
         self._entries: Callable[[], dict[bytes, Entry]] | None = None
 
     # ---- blocking: before serving and after (call in a worker thread) -----------------------
@@ -293,14 +296,19 @@ class StoreJournal:
         """The keys the log holds; PersistenceError if it cannot be read or is damaged."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
             data = self._read()
         except OSError as exc:
+            self._release_lock()
+            if isinstance(exc, PersistenceError):
+                raise
             raise PersistenceError(
                 f"cannot use the data directory {self.directory}: {exc}"
             ) from None
         loaded = replay(data)
         damage = loaded.damage
         if damage is not None:
+            self._release_lock()
             raise PersistenceError(
                 f"{self.path} is damaged at byte {damage.offset} of {damage.size} "
                 f"({damage.why}); not started, and the file is left as it is: "
@@ -313,6 +321,29 @@ class StoreJournal:
                 loaded.dropped_bytes,
             )
         return loaded
+
+    def _take_lock(self) -> None:
+        """One emulator at a time in a directory: a second would lose the first one's keys."""
+        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise PersistenceError(
+                f"{self.directory} is in use by another emulator ({holder})"
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}\n".encode())
+        self._lock = fd
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing it releases the lock
+            self._lock = None
 
     def _read(self) -> bytes:
         try:
@@ -341,6 +372,7 @@ class StoreJournal:
         then, so nothing changes the keys meanwhile.
         """
         if self._thread is None:
+            self._release_lock()
             return
         if self.failed is not None and self._entries is not None:
             self._queue.put(self._compaction())
@@ -350,6 +382,7 @@ class StoreJournal:
         if self._file is not None:
             os.close(self._file)
             self._file = None
+        self._release_lock()
         if self.failed is not None:
             log.error(
                 "%s could not be written before stopping (%s): the changes since the "

@@ -215,3 +215,31 @@ def test_rules_that_name_users_nothing_verifies_are_warned_of_at_start(
         assert "user names" not in output
     else:
         assert says in output and "operator" in output
+
+
+def test_a_second_emulator_on_a_data_directory_in_use_refuses_to_start(tmp_path: Path) -> None:
+    """Was: both started, and the keys of one were lost."""
+    data = tmp_path / "data"
+    first, port = started("--data-dir", str(data))
+    try:
+        client = PahoStoreClient("127.0.0.1", port, "c")
+        try:
+            assert client.request("SET", "kept", "1").payload == b"+OK\r\n"
+        finally:
+            client.close()
+        second = run_emulator("--data-dir", str(data))
+        assert second.returncode == 78, second
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(data) in lines[0], second.stderr
+        assert f"pid {first.proc.pid}" in lines[0], second.stderr
+    finally:
+        assert first.stop() == 0
+    again, port = started("--data-dir", str(data))  # free again once the first stopped
+    try:
+        client = PahoStoreClient("127.0.0.1", port, "c")
+        try:
+            assert client.request("GET", "kept").payload == b"$1\r\n1\r\n"
+        finally:
+            client.close()
+    finally:
+        assert again.stop() == 0
