@@ -294,6 +294,10 @@ async def with_client(
     """Connects (failing fast where a person waits), runs `work`, maps failures to the exit
     codes above."""
     client_id = settings.client_id or f"agent-store-{uuid.uuid4().hex[:12]}"
+    if settings.connect_timeout_s >= args.timeout:
+        # One attempt ends before the wait does, so that what went wrong can be said (a TLS
+        # handshake with a port without TLS, say), not only that the time is up.
+        settings = settings.model_copy(update={"connect_timeout_s": args.timeout / 2})
     try:
         session = Session(settings, client_id=client_id)
     except SessionError as exc:  # TLS files that cannot be used

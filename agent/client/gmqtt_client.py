@@ -119,6 +119,7 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
             self.set_auth_credentials(credentials.username, credentials.password)
         self._on_downgrade = on_downgrade
         self._on_transport_error = on_transport_error
+        self.transport_up = False  # TCP (and the TLS handshake) done: CONNECT is under way
         self.on_connect = _connack_callback(on_connack)
         self.on_message = _message_callback(on_message, on_undecodable)
         self.on_disconnect = _disconnect_callback(on_lost)
@@ -157,6 +158,7 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
         connection = await super()._create_connection(
             host, port=port, ssl=ssl, clean_session=clean_session, keepalive=keepalive
         )
+        self.transport_up = True
         # gmqtt logs the exception a connection ends with, and tells nobody. It is the only
         # sign of a TLS alert that comes after the handshake (TLS 1.3: the broker refusing
         # our client certificate), so pass it on.

@@ -238,7 +238,17 @@ async def open_link(
                 # What a broker refusing our certificate (or the lack of one) looks like when
                 # its alert is lost to the connection reset.
                 raise TlsHangUp(settings.tls.cert_file is not None)
-            raise NotConnected("the broker closed the connection before CONNACK")
+            # What a TLS port does with a plain CONNECT: closes without a word we can read.
+            raise NotConnected(
+                "the broker closed the connection before CONNACK "
+                "(a TLS port? see mqtt.tls.enabled, agent store --tls)"
+            )
+        if ssl_context is not None and not client.transport_up:
+            # A port without TLS that waits for more of what it takes for a CONNECT.
+            raise SessionTimeout(
+                f"the TLS handshake did not finish within {connect_timeout:g} s "
+                "(connect_timeout_s; a port without TLS?)"
+            )
         raise SessionTimeout(f"no CONNACK within {connect_timeout:g} s (connect_timeout_s)")
     finally:
         lost.cancel()

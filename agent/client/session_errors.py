@@ -202,6 +202,12 @@ def is_definitive(error: BaseException) -> bool:
     return isinstance(error, ConnectionRefusedError | socket.gaierror | TlsHangUp)
 
 
+# What OpenSSL makes of an answer that is not TLS: an MQTT packet read as a TLS record.
+_NOT_TLS = frozenset(
+    {"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL"}
+)
+
+
 def describe_connect_failure(error: BaseException) -> str:
     """A failed connection attempt in words an operator can act on (after "host:port: ")."""
     if isinstance(error, ConnectionRefusedError):
@@ -226,8 +232,8 @@ def describe_connect_failure(error: BaseException) -> str:
                 "TLS: the broker refused the client certificate "
                 f"({reason.replace('_', ' ').lower()}; check mqtt.tls.cert_file)"
             )
-        if reason == "WRONG_VERSION_NUMBER":
-            return "TLS: the broker did not answer in TLS (a port without TLS?)"
+        if reason in _NOT_TLS:
+            return f"TLS: the broker did not answer in TLS ({reason}: a port without TLS?)"
         return f"TLS: the handshake failed: {reason or error}"
     return describe(error)
 

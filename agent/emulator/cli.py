@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from agent.emulator.limits import BrokerLimits
 
 EXIT_USAGE = 2
 EXIT_CONFIG = 78  # EX_CONFIG: a file or value that makes no sense
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: the port to listen on, or the broker to serve on
 
 _EPILOG = """\
 file formats:
@@ -131,6 +133,23 @@ class _ConfigError(Exception):
     pass
 
 
+def _start_error(args: argparse.Namespace, error: BaseException | None) -> tuple[str, int] | None:
+    """What to say, in one line, and the exit code, when the service could not start."""
+    from agent.client.session_errors import SessionError
+    from agent.emulator.persistence import PersistenceError
+
+    if error is None:
+        return None
+    if isinstance(error, PersistenceError):
+        return f"--data-dir: {error}", EXIT_CONFIG
+    if isinstance(error, SessionError):
+        return f"cannot reach the broker at {args.external}: {error}", EXIT_UNAVAILABLE
+    if isinstance(error, OSError) and not args.external:
+        why = os.strerror(error.errno) if error.errno else str(error)
+        return f"cannot listen on {args.host}:{args.port}: {why}", EXIT_UNAVAILABLE
+    raise error
+
+
 def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
     if args.quota is not None and args.quota < 1:
@@ -214,9 +233,15 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
     stop = asyncio.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     service: Any
     if args.external:
         from agent.emulator.external import ExternalStateStore
@@ -226,13 +251,22 @@ async def _serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
         from agent.emulator.embedded import EmbeddedStateStore
 
         service = EmbeddedStateStore(args.host, args.port, **options)
-    from agent.emulator.persistence import PersistenceError
-
-    try:
-        await service.start()
-    except PersistenceError as error:
-        print(f"agent emulator: --data-dir: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+    # Ctrl-C is honoured while it starts too (waiting for an external broker, say).
+    starting = asyncio.ensure_future(service.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        await asyncio.wait((starting,))
+        await service.stop()
+        print("agent emulator: stopped before it was ready", file=sys.stderr)
+        return 128 + received[0]
+    error = _start_error(args, starting.exception())
+    if error is not None:
+        message, code = error
+        print(f"agent emulator: {message}", file=sys.stderr)
+        return code
     print(f"state store ready at {service.url}", flush=True)
     try:
         await stop.wait()

@@ -36,6 +36,8 @@ _DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
 # A 3.1.1 CONNACK with return code 0x01 (unacceptable protocol version), which 3.1.1 and
 # 3.1 clients understand; an MQTT 5 CONNACK would be gibberish to them.
 _MQTT311_CONNACK_BAD_PROTOCOL: Final = b"\x20\x02\x00\x01"
+# The TLS errors of a client that does not speak TLS: its first bytes are not a TLS record.
+_NOT_TLS: Final = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
 # What a queued message is counted as beyond its payload and topic (properties, header).
 _QUEUED_OVERHEAD: Final = 64
 
@@ -143,9 +145,19 @@ class Connection(asyncio.Protocol):
 
     def _tls_failed(self, transport: asyncio.Transport, error: BaseException) -> None:
         if not self._ended:
-            logger.warning(
-                "TLS handshake from %s failed: %s", self.peer, str(error) or type(error).__name__
-            )
+            if getattr(error, "reason", None) in _NOT_TLS:
+                # What OpenSSL makes of a CONNECT's first bytes: not a TLS record at all.
+                logger.warning(
+                    "client at %s does not speak TLS on this TLS port (plain MQTT?): %s",
+                    self.peer,
+                    error,
+                )
+            else:
+                logger.warning(
+                    "TLS handshake from %s failed: %s",
+                    self.peer,
+                    str(error) or type(error).__name__,
+                )
             self._transport = None
             self.end(DisconnectReason.PROTOCOL_ERROR, None)
         transport.abort()

@@ -128,7 +128,12 @@ class EmbeddedStateStore:
     async def start(self) -> None:
         if self.journal is not None:
             await asyncio.to_thread(self._load)
-        await self.broker.start()
+        try:
+            await self.broker.start()
+        except BaseException:
+            if self.journal is not None:
+                await asyncio.to_thread(self.journal.close)  # and its directory is free
+            raise
         if self.journal is not None:
             self._retry_journal()
         log.info("state store serving at %s", self.url)

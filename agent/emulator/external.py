@@ -75,7 +75,11 @@ class ExternalStateStore:
         self._sends: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        await self.session.start(wait=True, timeout=self._settings.connect_timeout_s * 3)
+        # A broker that refuses the connection (or a host that does not resolve) ends the
+        # start at once; one that does not answer, after three connect timeouts.
+        await self.session.start(
+            wait=True, timeout=self._settings.connect_timeout_s * 3, fail_fast=True
+        )
         await self.session.subscribe(BROKER_LOG_TOPIC, self._on_log_line, qos=0)
         await self.session.subscribe(topics.INVOKE_TOPIC, self._on_request, qos=1)
         log.info("state store serving on the broker at %s", self.url)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -243,3 +245,115 @@ def test_a_second_emulator_on_a_data_directory_in_use_refuses_to_start(tmp_path:
             client.close()
     finally:
         assert again.stop() == 0
+
+
+# ---------------------------------------------------------------------------- clear errors
+
+
+def _listening() -> socket.socket:
+    """A port that accepts TCP connections (the kernel's backlog) and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    return sock
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], *parts: str) -> None:
+    assert result.returncode not in (0, None), result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for part in parts:
+        assert part in lines[0], result.stderr
+
+
+def test_a_port_in_use_is_said_in_one_line() -> None:
+    """Was: a traceback."""
+    with _listening() as taken:
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "agent", "emulator", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    _one_line_error(result, f"cannot listen on 127.0.0.1:{port}", "in use")
+
+
+def test_an_external_broker_that_cannot_be_reached_is_said_in_one_line() -> None:
+    """Was: 30 s of retries, then a SessionTimeout traceback."""
+    port = _free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "agent", "emulator", "--external", f"mqtt://127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    _one_line_error(result, f"cannot reach the broker at mqtt://127.0.0.1:{port}")
+
+
+def test_ctrl_c_is_honoured_while_waiting_for_an_external_broker() -> None:
+    """Was: ignored for 30 s, while it waited for a broker that does not answer."""
+    with _listening() as silent:
+        url = f"mqtt://127.0.0.1:{silent.getsockname()[1]}"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agent", "emulator", "--external", url, "--log-level", "ERROR"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            conn, _ = silent.accept()  # it is connecting, and waits for a CONNACK
+            conn.close()
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=3)
+        finally:
+            process.kill()
+            process.wait()
+    assert process.returncode not in (0, None)
+    assert "Traceback" not in stderr, stderr
+
+
+def test_plain_mqtt_on_a_tls_port_is_named_on_both_sides(tmp_path: Path) -> None:
+    """Was: the server logged a TLS error, and `agent store` waited 10 s and blamed the
+    broker ("closed the connection before CONNACK")."""
+    ca = Authority(tmp_path)
+    server = ca.issue("localhost", server=True)
+    process, port = started(
+        "--tls-cert", str(server.cert), "--tls-key", str(server.key)
+    )  # fmt: skip
+    try:
+        client = _store("--port", str(port), "--timeout", "2", "get", "k")
+        assert client.returncode == 4, client
+        assert "TLS port?" in client.stderr, client.stderr
+        process.wait_for(re.compile("plain MQTT"), timeout=5)
+    finally:
+        assert process.stop() == 0
+
+
+def test_tls_on_a_plain_port_is_named(tmp_path: Path) -> None:
+    ca = Authority(tmp_path)
+    tls = ["--tls", "--ca-file", str(ca.cert_file), "--timeout", "2"]
+    process, port = started()
+    try:  # our broker answers the ClientHello with a CONNACK: garbage to TLS
+        client = _store("--port", str(port), *tls, "get", "k")
+        assert "without TLS?" in client.stderr, client.stderr
+    finally:
+        assert process.stop() == 0
+    with _listening() as silent:  # a broker that waits for more: the handshake times out
+        client = _store("--port", str(silent.getsockname()[1]), *tls, "get", "k")
+    assert client.returncode == 4, client
+    assert "TLS handshake" in client.stderr and "without TLS?" in client.stderr, client.stderr
+
+
+def _store(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent", "store", "--host", "127.0.0.1", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
