@@ -1,11 +1,30 @@
-"""What every driver offers: blocking transactions with the controllers on one port.
+"""What every driver offers, and the contract every driver keeps.
 
 A driver owns the port (a device path, or a serial device server's `socket://` or
 `rfc2217://` URL) and speaks one protocol to the units on it, each at its address. Its
 methods block: the bus (agent.line.bus) calls them one at a time from its own worker
 thread. They raise LinkLost when the port itself failed, ControllerUnavailable when the
-unit did not answer in time, and ControllerError (SetpointRejected for a refused set point)
-when it answered wrongly; never anything else for a device fault.
+unit did not answer in time, ControllerError (SetpointRejected for a refused set point)
+when it answered wrongly, and WriteNotAllowed when the gate said no; never anything else
+for a device fault.
+
+**The gate.** Only the lease holder may put bytes on the line, and a lease ends on its own
+deadline whatever the line is doing. So every transaction takes a `gate`, and a driver:
+
+1. does every wait it needs first: a quiet line after a lost reply, the silent interval,
+   flushing stale input. Each is bounded;
+2. then asks `gate(lasts_s)`, where `lasts_s` is the longest the transaction can take from
+   that moment to its end: the write's own bound, the request's line time, the reply
+   timeout and the longest reply's line time (`Driver.transaction_s`). False: it raises
+   WriteNotAllowed and sends nothing;
+3. then writes the request at once: nothing that can wait stands between the gate's yes and
+   the first byte. The write itself is bounded (`WRITE_TIMEOUT_S`, counted in `lasts_s`); a
+   write that times out aborts the port, so that bytes still queued in the kernel or a
+   serial device server's connection are dropped, never sent late (LinkLost).
+
+A transaction that needs two exchanges (Modbus: a write, then the read-back) asks the gate
+before each. The caller's gate says yes only when the whole transaction ends before its
+lease's deadline (see agent.runtime.agent).
 """
 
 from __future__ import annotations
@@ -15,16 +34,34 @@ import fcntl
 import hashlib
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.controller.interface import ControllerState, DeviceIdentity, Limits
+from agent.controller.interface import ControllerState, DeviceIdentity, Limits, WriteNotAllowed
 from agent.controller.timing import LineTiming, bits_per_char
+
+Gate = Callable[[float], bool]
+"""Asked right before a transaction's first byte with how long, at most, the transaction
+lasts from then (seconds); True lets it go. It must answer at once and only read state."""
+
+WRITE_TIMEOUT_S = 0.05
+"""The longest a driver's write() may block (a frame is tens of bytes: it goes into an empty
+kernel buffer at once). Longer means the port is stuck: it is aborted."""
+
+
+def open_gate(lasts_s: float) -> bool:
+    """The gate of a master that needs no lease (tests, tools)."""
+    return True
 
 
 class LinkLost(Exception):
     """The port failed (unplugged, connection dropped): close it and reopen it."""
+
+
+class GateClosed(WriteNotAllowed):
+    """The gate said no before the first byte: nothing was sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +86,8 @@ class LinkStats:
     corrupt_replies: int = 0
     """Checksum or CRC errors, and replies that make no sense."""
     per_unit_timeouts: dict[str, int] = field(default_factory=dict)
+    gated: int = 0
+    """Transactions the gate refused (nothing sent)."""
 
 
 class Driver(ABC):
@@ -95,6 +134,19 @@ class Driver(ABC):
     def poll_frame(self) -> tuple[int, int]:
         """Bytes of a routine poll's request and reply (for the cycle's line time)."""
 
+    def transaction_s(self, request: int, longest_reply: int) -> float:
+        """The longest a transaction can take from its gate to its end: the bounded write,
+        the request's line time, then the reply timeout (counted from the request's end)
+        and the longest reply's line time."""
+        return WRITE_TIMEOUT_S + self.timing.chars_s(request + longest_reply) + self.reply_timeout_s
+
+    def pass_gate(self, gate: Gate, lasts_s: float, what: str) -> None:
+        """Step 2 of the contract: GateClosed unless the gate lets a transaction of
+        `lasts_s` go now."""
+        if not gate(lasts_s):
+            self.stats.gated += 1
+            raise GateClosed(f"{what}: not sent (the lease would not cover it)")
+
     @property
     def worst_case_call_s(self) -> float:
         """The longest one call may block: the bus's bound on a stuck worker."""
@@ -109,16 +161,16 @@ class Driver(ABC):
         """Close the port; must not raise."""
 
     @abstractmethod
-    def read_state(self, unit: Unit) -> ControllerState: ...
+    def read_state(self, unit: Unit, gate: Gate = open_gate) -> ControllerState: ...
 
     @abstractmethod
-    def read_limits(self, unit: Unit) -> Limits: ...
+    def read_limits(self, unit: Unit, gate: Gate = open_gate) -> Limits: ...
 
     @abstractmethod
-    def write_setpoint(self, unit: Unit, value: float) -> float:
+    def write_setpoint(self, unit: Unit, value: float, gate: Gate = open_gate) -> float:
         """Write `value`; return what the controller holds afterwards (its read-back)."""
 
-    def identify(self, unit: Unit) -> DeviceIdentity | None:
+    def identify(self, unit: Unit, gate: Gate = open_gate) -> DeviceIdentity | None:
         """The unit's model, firmware and serial number, if the protocol can tell."""
         return None
 

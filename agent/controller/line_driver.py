@@ -9,14 +9,13 @@ a point-to-point controller (no address) gets plain requests.
 from __future__ import annotations
 
 import logging
-import termios
 import time
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import serial  # type: ignore[import-untyped]
 
 from agent.controller import line_protocol as lp
-from agent.controller.driver import Driver, LinkLost, Unit, is_device_path
+from agent.controller.driver import Driver, Gate, Unit, open_gate
 from agent.controller.interface import (
     ControllerError,
     ControllerState,
@@ -25,6 +24,7 @@ from agent.controller.interface import (
     Limits,
     SetpointRejected,
 )
+from agent.controller.port import SerialPort
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,9 @@ TURNAROUND_S = 0.2
 
 POLL_REQUEST_BYTES = len(lp.encode_line("@247 GET STATE"))
 POLL_REPLY_BYTES = len(lp.encode_line("@247 STATE SP=35.0 T=-10.5 OUT=100 MODE=HEAT"))
+LONGEST_REPLY_BYTES = lp.MAX_LINE + len(lp.TERMINATOR)
 
 R = TypeVar("R", bound=lp.Reply)
-
-# What pyserial raises when the port goes away: SerialException (an OSError), a bare
-# OSError from os.read/ioctl, or termios.error from tcflush on a hung-up tty.
-_PORT_ERRORS = (serial.SerialException, OSError, termios.error)
 
 
 class LineDriver(Driver):
@@ -67,20 +64,17 @@ class LineDriver(Driver):
             reply_timeout_s=reply_timeout_s,
             extra_gap_s=extra_gap_s,
         )
-        # Exclusive open is a flock() on a local tty; URLs have no such thing.
-        self.exclusive = is_device_path(url) if exclusive is None else exclusive
-        self._settings: dict[str, Any] = {
-            "baudrate": baudrate,
-            "parity": parity,
-            "bytesize": bytesize,
-            "stopbits": stopbits,
-            "write_timeout": self.reply_timeout_s,
-        }
-        if is_device_path(url):
-            self._settings["exclusive"] = self.exclusive
-        # Catch a bad URL scheme, baud rate or parity now rather than retry it forever.
-        serial.serial_for_url(url, do_not_open=True, **self._settings)
-        self._port: serial.Serial | None = None
+        options = {} if exclusive is None else {"exclusive": exclusive}
+        self.port = SerialPort(
+            url,
+            self.stats,
+            baudrate=baudrate,
+            parity=parity,
+            bytesize=bytesize,
+            stopbits=stopbits,
+            **options,
+        )
+        self.exclusive = self.port.exclusive
         self._splitter = lp.LineSplitter(max_line=4 * lp.MAX_LINE)
         self._late_reply_possible = False
 
@@ -99,71 +93,52 @@ class LineDriver(Driver):
     # --- the port ---------------------------------------------------------------------
 
     def open(self) -> None:
-        self.close()
-        try:
-            self._port = serial.serial_for_url(self.url, **self._settings)
-        except _PORT_ERRORS as exc:
-            raise LinkLost(f"cannot open {self.url}: {exc}") from exc
+        self.port.open()
         self._late_reply_possible = False
-        log.debug("opened %s", self.url)
 
     def close(self) -> None:
-        port, self._port = self._port, None
-        if port is None:
-            return
-        # pyserial's socket:// close() skips closing the socket when shutdown() fails,
-        # as it does once the peer is gone: close it here too, or the fd leaks.
-        sock = getattr(port, "_socket", None)
-        try:
-            port.close()
-        except Exception as exc:  # closing a vanished port may fail; it is closed anyway
-            log.debug("closing %s: %s", self.url, exc)
-        if sock is not None:
-            sock.close()
+        self.port.close()
 
     def fileno(self) -> int | None:
         """The open port's descriptor (a tty), for tests that look at it."""
-        return None if self._port is None else self._port.fileno()
+        return self.port.fileno()
 
     # --- transactions -----------------------------------------------------------------
 
-    def read_state(self, unit: Unit) -> ControllerState:
-        return self._transact(unit, lp.GetState(), lp.StateReply).state
+    def read_state(self, unit: Unit, gate: Gate = open_gate) -> ControllerState:
+        return self._transact(unit, lp.GetState(), lp.StateReply, gate).state
 
-    def read_limits(self, unit: Unit) -> Limits:
-        return self._transact(unit, lp.GetLimits(), lp.LimitsReply).limits
+    def read_limits(self, unit: Unit, gate: Gate = open_gate) -> Limits:
+        return self._transact(unit, lp.GetLimits(), lp.LimitsReply, gate).limits
 
-    def read_setpoint(self, unit: Unit) -> float:
-        return self._transact(unit, lp.GetSetpoint(), lp.SetpointReply).value
+    def read_setpoint(self, unit: Unit, gate: Gate = open_gate) -> float:
+        return self._transact(unit, lp.GetSetpoint(), lp.SetpointReply, gate).value
 
-    def write_setpoint(self, unit: Unit, value: float) -> float:
+    def write_setpoint(self, unit: Unit, value: float, gate: Gate = open_gate) -> float:
         # `OK SP <value>` is the value as the controller stored it: its read-back.
-        return self._transact(unit, lp.SetSetpoint(value), lp.SetpointStored).value
+        return self._transact(unit, lp.SetSetpoint(value), lp.SetpointStored, gate).value
 
-    def identify(self, unit: Unit) -> DeviceIdentity:
-        reply = self._transact(unit, lp.Identify(), lp.IdReply)
+    def identify(self, unit: Unit, gate: Gate = open_gate) -> DeviceIdentity:
+        reply = self._transact(unit, lp.Identify(), lp.IdReply, gate)
         return DeviceIdentity(reply.model, reply.firmware, reply.serial)
 
-    def _transact(self, unit: Unit, request: lp.Request, expected: type[R]) -> R:
+    def _transact(self, unit: Unit, request: lp.Request, expected: type[R], gate: Gate) -> R:
         """Send one request to `unit` and return its reply, of the expected type."""
-        port = self._port
-        if port is None:
-            raise LinkLost("port is not open")
         what = lp.with_address(unit.address, lp.format_request(request))
         line = lp.encode_line(what)
+        # Stale bytes (a late reply, line noise) must not be taken for this reply. On a
+        # multi-drop line the address tells a late reply of another unit apart; a
+        # point-to-point controller's late reply can only be waited out. Every wait comes
+        # before the gate (see agent.controller.driver).
+        if self._late_reply_possible and unit.address is None:
+            self._wait_for_quiet()
+        self.port.discard_input()
+        self._splitter.clear()
+        self.pass_gate(gate, self.transaction_s(len(line), LONGEST_REPLY_BYTES), what)
+        self.port.send(line)
+        log.debug("sent %r", line)
         try:
-            # Stale bytes (a late reply, line noise) must not be taken for this reply. On
-            # a multi-drop line the address tells a late reply of another unit apart; a
-            # point-to-point controller's late reply can only be waited out.
-            if self._late_reply_possible and unit.address is None:
-                self._wait_for_quiet(port)
-            port.reset_input_buffer()
-            self._splitter.clear()
-            port.write(line)
-            self.stats.transactions += 1
-            self.stats.bytes_sent += len(line)
-            log.debug("sent %r", line)
-            payload = self._read_reply(port, unit, what, len(line))
+            payload = self._read_reply(unit, what, len(line))
         except ControllerUnavailable:
             self._late_reply_possible = True
             self.stats.timeouts += 1
@@ -174,8 +149,6 @@ class LineDriver(Driver):
         except ControllerError:
             self.stats.corrupt_replies += 1
             raise
-        except _PORT_ERRORS as exc:
-            raise LinkLost(str(exc)) from exc
         try:
             reply = lp.parse_reply(payload)
         except lp.ProtocolError as exc:
@@ -189,39 +162,31 @@ class LineDriver(Driver):
             raise ControllerError(f"unexpected reply to {what!r}: {reply}")
         return reply
 
-    def _wait_for_quiet(self, port: serial.Serial) -> None:
-        """Discard input until the line has been quiet for a reply timeout.
+    def _wait_for_quiet(self) -> None:
+        """Discard input until the line has been quiet for a reply timeout (at most four).
 
         A reply that missed its deadline may still arrive; without this it would be
         taken for the reply to the next request, which could be of the same kind.
         """
         give_up = time.monotonic() + 4 * self.reply_timeout_s
         while time.monotonic() < give_up:
-            port.timeout = self.reply_timeout_s
-            chunk = port.read(max(1, port.in_waiting))
+            quiet_by = min(give_up, time.monotonic() + self.reply_timeout_s)
+            chunk = self.port.read(4 * lp.MAX_LINE, quiet_by)
             if not chunk:
                 break
-            self.stats.bytes_received += len(chunk)
             log.debug("discarded a late reply %r", chunk)
         self._late_reply_possible = False
 
-    def _read_reply(self, port: serial.Serial, unit: Unit, what: str, sent: int) -> str:
+    def _read_reply(self, unit: Unit, what: str, sent: int) -> str:
         """The reply's payload without its address prefix."""
         # The clock starts once the request is on the wire; write() returns earlier.
         deadline = time.monotonic() + self.reply_timeout_s + self.timing.chars_s(sent + lp.MAX_LINE)
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if time.monotonic() >= deadline:
                 raise ControllerUnavailable(f"no reply to {what!r} within {self.reply_timeout_s} s")
-            # The first byte with a timeout, then whatever else has come without waiting: a
-            # byte at a time (in_waiting says 1 on socket://) costs a system call each.
-            port.timeout = remaining
-            chunk = port.read(1)
+            chunk = self.port.read(4 * lp.MAX_LINE, deadline)
             if not chunk:
                 continue
-            port.timeout = 0
-            chunk += port.read(4 * lp.MAX_LINE)
-            self.stats.bytes_received += len(chunk)
             for line in self._splitter.feed(chunk):
                 if line is None:
                     raise ControllerError(f"reply to {what!r} too long")

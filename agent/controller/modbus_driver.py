@@ -1,181 +1,52 @@
-"""The Modbus RTU driver: a thermostat or HVAC controller on RS-485, through pymodbus.
+"""The Modbus RTU driver: thermostats and HVAC controllers on RS-485, through pyserial.
 
-pymodbus is an optional extra (`pip install 'agent[modbus]'`); it is imported only when
-a ModbusDriver is created, so the base install works without it. The register
-map and the register codec are plain data and functions.
+Requests and replies are built and checked by `modbus_rtu` (pure); the register map is
+`modbus_map`'s. Every reply is read by its known length as it arrives, so a transaction
+costs its line time: the request, the unit's turnaround, the reply, and the silent
+interval the bus keeps after it. No retries: a unit that does not answer costs one reply
+timeout. A write is read back (the echo of a write is no read-back).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import termios
 import threading
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from decimal import ROUND_HALF_UP, Decimal
-from functools import partial
-from typing import TYPE_CHECKING, Any
+import time
 
-from agent.controller.driver import Driver, LinkLost, Unit
+from agent.controller import modbus_rtu as rtu
+from agent.controller.driver import Driver, Gate, Unit, open_gate
 from agent.controller.interface import (
-    DEFAULT_LIMITS,
     ControllerError,
     ControllerState,
     ControllerUnavailable,
-    InvalidSetpoint,
     Limits,
-    Mode,
     SetpointRejected,
 )
+from agent.controller.modbus_map import (
+    ILLEGAL_DATA_VALUE,
+    MAX_SPAN,
+    READ_HOLDING,
+    READ_INPUT,
+    WRITE_MULTIPLE,
+    WRITE_SINGLE,
+    RegisterMap,
+    plan_reads,
+)
+from agent.controller.port import SerialPort
 
-if TYPE_CHECKING:
-    from pymodbus.client import ModbusSerialClient
-    from pymodbus.pdu import ModbusPDU
+__all__ = [
+    "READ_HOLDING",
+    "READ_INPUT",
+    "WRITE_MULTIPLE",
+    "WRITE_SINGLE",
+    "ModbusDriver",
+    "ModbusRefused",
+    "RegisterMap",
+    "plan_reads",
+]
 
 log = logging.getLogger(__name__)
-
-READ_HOLDING = 3
-READ_INPUT = 4
-WRITE_SINGLE = 6
-WRITE_MULTIPLE = 16
-ILLEGAL_DATA_VALUE = 3
-
-_MAX_SPAN = 16
-"""Registers up to this far apart are read in one request."""
-
-
-class ModbusSupportMissing(ImportError):
-    """pymodbus is not installed."""
-
-
-class ModbusRefused(ControllerError):
-    """The controller answered with a Modbus exception response."""
-
-    def __init__(self, message: str, exception_code: int | None) -> None:
-        super().__init__(message)
-        self.exception_code = exception_code
-
-
-def import_pymodbus() -> Any:
-    try:
-        import pymodbus.client
-    except ImportError as exc:
-        raise ModbusSupportMissing(
-            "the Modbus RTU driver needs pymodbus: pip install 'agent[modbus]'"
-        ) from exc
-    return pymodbus
-
-
-@dataclass(frozen=True, slots=True)
-class RegisterMap:
-    """Where a controller keeps its values, and how they are encoded.
-
-    A value v is stored as round(v * scale), as a 16-bit two's complement integer if
-    `signed`. Limits are either fixed (`limits`) or read from three registers.
-    Register numbers are protocol addresses (0-based).
-    """
-
-    unit_id: int = 1
-    setpoint_register: int = 0
-    temperature_register: int = 1
-    output_register: int | None = None
-    """Output in percent, unscaled."""
-    mode_register: int | None = None
-    mode_values: tuple[tuple[int, Mode], ...] = (
-        (0, Mode.IDLE),
-        (1, Mode.HEAT),
-        (2, Mode.COOL),
-    )
-    limits: Limits | None = DEFAULT_LIMITS
-    min_register: int | None = None
-    max_register: int | None = None
-    step_register: int | None = None
-    scale: float = 10.0
-    signed: bool = True
-    read_function: int = READ_HOLDING
-    """For the set point and limit registers: 3 (holding) or 4 (input)."""
-    status_function: int = READ_HOLDING
-    """For temperature, output and mode: 3 (holding) or 4 (input)."""
-    write_function: int = WRITE_SINGLE
-    """6 (write single register) or 16 (write multiple registers)."""
-    _modes: dict[int, Mode] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.unit_id <= 247:
-            raise ValueError(f"unit id must be 1..247, not {self.unit_id}")
-        for name in (
-            "setpoint_register",
-            "temperature_register",
-            "output_register",
-            "mode_register",
-            "min_register",
-            "max_register",
-            "step_register",
-        ):
-            register = getattr(self, name)
-            if register is not None and not 0 <= register <= 0xFFFF:
-                raise ValueError(f"{name} must be 0..65535, not {register}")
-        limit_registers = (self.min_register, self.max_register, self.step_register)
-        if all(r is None for r in limit_registers):
-            if self.limits is None:
-                raise ValueError("give fixed limits or min, max and step registers")
-        elif any(r is None for r in limit_registers) or self.limits is not None:
-            raise ValueError("limits: give either fixed limits or all three registers")
-        if not self.scale > 0:
-            raise ValueError(f"scale must be > 0, not {self.scale}")
-        for name in ("read_function", "status_function"):
-            if getattr(self, name) not in (READ_HOLDING, READ_INPUT):
-                raise ValueError(f"{name} must be 3 or 4, not {getattr(self, name)}")
-        if self.write_function not in (WRITE_SINGLE, WRITE_MULTIPLE):
-            raise ValueError(f"write_function must be 6 or 16, not {self.write_function}")
-        object.__setattr__(self, "_modes", dict(self.mode_values))
-
-    def mode_for(self, raw: int) -> Mode:
-        try:
-            return self._modes[raw]
-        except KeyError:
-            raise ControllerError(f"unknown mode value {raw}") from None
-
-    def raw_for_mode(self, mode: Mode) -> int:
-        return next(raw for raw, known in self.mode_values if known is mode)
-
-    def decode(self, raw: int) -> float:
-        """The value of a register."""
-        if self.signed and raw >= 0x8000:
-            raw -= 0x10000
-        return float(Decimal(raw) / _decimal(self.scale))
-
-    def encode(self, value: float) -> int:
-        """The register for a value; InvalidSetpoint if 16 bits cannot hold it."""
-        scaled = (_decimal(value) * _decimal(self.scale)).to_integral_value(ROUND_HALF_UP)
-        low, high = (-0x8000, 0x7FFF) if self.signed else (0, 0xFFFF)
-        if not low <= scaled <= high:
-            raise InvalidSetpoint(value, f"does not fit a register at scale {self.scale}")
-        return int(scaled) & 0xFFFF
-
-
-def _decimal(value: float) -> Decimal:
-    return Decimal(repr(value))
-
-
-def plan_reads(registers: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """Group (function, register) pairs into reads (function, first, count), joining
-    registers of one function that lie close together."""
-    pairs = set(registers)
-    reads: list[tuple[int, int, int]] = []
-    for function in sorted({f for f, _ in pairs}):
-        wanted = sorted(r for f, r in pairs if f == function)
-        start = wanted[0]
-        for previous, register in zip(wanted, [*wanted[1:], None], strict=True):
-            if register is None or register - start >= _MAX_SPAN:
-                reads.append((function, start, previous - start + 1))
-                if register is not None:
-                    start = register
-    return reads
-
-
-_PORT_ERRORS: tuple[type[BaseException], ...] = (OSError, termios.error)
 
 TURNAROUND_S = 0.1
 """How long a Modbus controller may take before it answers (no standard figure; devices
@@ -184,7 +55,17 @@ commonly answer within tens of milliseconds)."""
 # Read holding registers, request and reply for two registers: the routine poll.
 POLL_REQUEST_BYTES = 8
 POLL_REPLY_BYTES = 5 + 2 * 2
-LONGEST_REPLY_BYTES = 5 + 2 * _MAX_SPAN
+LONGEST_REPLY_BYTES = 5 + 2 * MAX_SPAN
+NETWORK_GAP_S = 0.02
+"""The least inter-character timeout: a serial device server's TCP may split a frame."""
+
+
+class ModbusRefused(ControllerError):
+    """The controller answered with a Modbus exception response."""
+
+    def __init__(self, message: str, exception_code: int | None) -> None:
+        super().__init__(message)
+        self.exception_code = exception_code
 
 
 class ModbusDriver(Driver):
@@ -202,7 +83,6 @@ class ModbusDriver(Driver):
         reply_timeout_s: float | None = None,
         extra_gap_s: float = 0.0,
     ) -> None:
-        pymodbus = import_pymodbus()
         self._set_line(
             url,
             baudrate=baudrate,
@@ -214,19 +94,12 @@ class ModbusDriver(Driver):
             reply_timeout_s=reply_timeout_s,
             extra_gap_s=extra_gap_s,
         )
-        self._exceptions = pymodbus.exceptions
-        # pymodbus opens the port exclusively itself (exclusive=True, ignored by URLs).
-        # No retries: a unit that does not answer costs one reply timeout, not several.
-        self._client: ModbusSerialClient = pymodbus.client.ModbusSerialClient(
-            url,
-            framer=pymodbus.FramerType.RTU,
-            baudrate=baudrate,
-            bytesize=bytesize,
-            parity=parity,
-            stopbits=stopbits,
-            timeout=self.reply_timeout_s,
-            retries=0,
+        self.port = SerialPort(
+            url, self.stats, baudrate=baudrate, parity=parity, bytesize=bytesize, stopbits=stopbits
         )
+        # The end of a frame cut short: the line quiet for 1.5 character times (RTU's
+        # inter-character timeout), or a network's hiccup, whichever is longer.
+        self.gap_s = max(self.timing.chars_s(2), NETWORK_GAP_S)
 
     @property
     def poll_frame(self) -> tuple[int, int]:
@@ -235,16 +108,10 @@ class ModbusDriver(Driver):
     # --- the port ---------------------------------------------------------------------
 
     def open(self) -> None:
-        self._client.close()  # type: ignore[no-untyped-call]
-        if not self._client.connect():
-            raise LinkLost(f"cannot open {self.url}")
-        log.debug("opened %s", self.url)
+        self.port.open()
 
     def close(self) -> None:
-        try:
-            self._client.close()  # type: ignore[no-untyped-call]
-        except Exception as exc:  # the port may be gone already
-            log.debug("closing %s: %s", self.url, exc)
+        self.port.close()
 
     # --- transactions -----------------------------------------------------------------
 
@@ -255,59 +122,64 @@ class ModbusDriver(Driver):
             options = dataclasses.replace(options, unit_id=unit.address)
         return options
 
-    def _execute(self, unit: Unit, what: str, call: Callable[[], ModbusPDU]) -> ModbusPDU:
-        if not self._client.connected:
-            # pymodbus closed the port after an I/O error; reopening is our job.
-            raise LinkLost("port closed after an error")
-        errors = self._exceptions
-        self.stats.transactions += 1
-        try:
-            response = call()
-        except errors.ConnectionException as exc:
-            raise LinkLost(f"{what}: {exc}") from exc
-        except errors.ModbusIOException as exc:
-            # No reply in time, or one pymodbus dropped for its CRC: either way nothing
-            # usable came back within the reply timeout.
-            self.stats.timeouts += 1
-            self.stats.per_unit_timeouts[unit.name] = (
-                self.stats.per_unit_timeouts.get(unit.name, 0) + 1
+    def _exchange(self, unit: Unit, what: str, request: bytes, gate: Gate) -> list[int] | None:
+        """One request and its reply: the registers read, or None for a write's echo."""
+        expected = rtu.reply_bytes(request)
+        self.port.discard_input()
+        self.pass_gate(gate, self.transaction_s(len(request), expected), what)
+        self.port.send(request)
+        # The reply's first byte is due a turnaround after the request's last one; the
+        # clock starts when write() returns, before the request is on the wire.
+        deadline = time.monotonic() + self.timing.chars_s(len(request)) + self.reply_timeout_s
+        head = self.port.read_exactly(rtu.HEADER_BYTES, deadline, self.gap_s)
+        if not head:
+            self._timed_out(unit)
+            raise ControllerUnavailable(f"no reply to {what} within {self.reply_timeout_s:g} s")
+        length = rtu.reply_length(head)
+        reply = head
+        if length is not None and length > len(head):
+            reply += self.port.read_exactly(
+                length - len(head), time.monotonic() + self.gap_s, self.gap_s
             )
-            raise ControllerUnavailable(
-                f"no reply to {what} within {self.reply_timeout_s:g} s"
-            ) from exc
-        except errors.ModbusException as exc:
+        try:
+            answer = rtu.parse_reply(request, reply)
+        except rtu.FrameError as exc:
             self.stats.corrupt_replies += 1
             raise ControllerError(f"{what}: {exc}") from exc
-        except _PORT_ERRORS as exc:
-            raise LinkLost(f"{what}: {exc}") from exc
-        if response.isError():
-            code = getattr(response, "exception_code", None)
-            raise ModbusRefused(f"controller refused {what}: Modbus exception {code}", code)
-        return response
+        if isinstance(answer, rtu.ExceptionReply):
+            raise ModbusRefused(
+                f"controller refused {what}: Modbus exception {answer.code}", answer.code
+            )
+        return answer
+
+    def _timed_out(self, unit: Unit) -> None:
+        self.stats.timeouts += 1
+        self.stats.per_unit_timeouts[unit.name] = self.stats.per_unit_timeouts.get(unit.name, 0) + 1
 
     def _read_registers(
-        self, unit: Unit, wanted: list[tuple[int, int]]
+        self, unit: Unit, wanted: list[tuple[int, int]], gate: Gate
     ) -> dict[tuple[int, int], int]:
         values: dict[tuple[int, int], int] = {}
         unit_id = self.register_map(unit).unit_id
-        for function, first, count in plan_reads(wanted):
-            read = (
-                self._client.read_holding_registers
-                if function == READ_HOLDING
-                else self._client.read_input_registers
-            )
+        for index, (function, first, count) in enumerate(plan_reads(wanted)):
+            if index:
+                self._silent_interval()
             what = f"read of {count} register(s) at {first} (function {function})"
-            response = self._execute(
-                unit, what, partial(read, first, count=count, device_id=unit_id)
+            registers = self._exchange(
+                unit, what, rtu.read_request(unit_id, function, first, count), gate
             )
-            registers = list(response.registers)
-            if len(registers) < count:
-                raise ControllerError(f"{what}: got {len(registers)} registers")
+            if registers is None or len(registers) < count:
+                raise ControllerError(f"{what}: got {registers!r}")
             for offset in range(count):
                 values[(function, first + offset)] = registers[offset]
         return values
 
-    def read_state(self, unit: Unit) -> ControllerState:
+    def _silent_interval(self) -> None:
+        """Between two exchanges of one call: the line quiet for the silent interval. (An
+        Event's timed wait: a sleep's absolute deadline is what libfaketime breaks.)"""
+        threading.Event().wait(self.timing.silent_s)
+
+    def read_state(self, unit: Unit, gate: Gate = open_gate) -> ControllerState:
         m = self.register_map(unit)
         wanted = [
             (m.read_function, m.setpoint_register),
@@ -317,7 +189,7 @@ class ModbusDriver(Driver):
             wanted.append((m.status_function, m.output_register))
         if m.mode_register is not None:
             wanted.append((m.status_function, m.mode_register))
-        values = self._read_registers(unit, wanted)
+        values = self._read_registers(unit, wanted, gate)
         output: int | None = None
         if m.output_register is not None:
             output = values[(m.status_function, m.output_register)]
@@ -333,51 +205,36 @@ class ModbusDriver(Driver):
             mode=mode,
         )
 
-    def read_limits(self, unit: Unit) -> Limits:
+    def read_limits(self, unit: Unit, gate: Gate = open_gate) -> Limits:
         m = self.register_map(unit)
         if m.limits is not None:
             return m.limits
         assert m.min_register is not None and m.max_register is not None
         assert m.step_register is not None
         registers = (m.min_register, m.max_register, m.step_register)
-        values = self._read_registers(unit, [(m.read_function, r) for r in registers])
+        values = self._read_registers(unit, [(m.read_function, r) for r in registers], gate)
         low, high, step = (m.decode(values[(m.read_function, r)]) for r in registers)
         try:
             return Limits(low, high, step)
         except ValueError as exc:
             raise ControllerError(f"nonsense limits: {exc}") from exc
 
-    def read_setpoint(self, unit: Unit) -> float:
+    def read_setpoint(self, unit: Unit, gate: Gate = open_gate) -> float:
         m = self.register_map(unit)
-        values = self._read_registers(unit, [(m.read_function, m.setpoint_register)])
+        values = self._read_registers(unit, [(m.read_function, m.setpoint_register)], gate)
         return m.decode(values[(m.read_function, m.setpoint_register)])
 
-    def write_setpoint(self, unit: Unit, value: float) -> float:
+    def write_setpoint(self, unit: Unit, value: float, gate: Gate = open_gate) -> float:
         """Write, then read the register back (the write's echo is no read-back)."""
         m = self.register_map(unit)
         raw = m.encode(value)
         what = f"write of {value} to register {m.setpoint_register}"
+        request = rtu.write_request(m.unit_id, m.write_function, m.setpoint_register, raw)
         try:
-            if m.write_function == WRITE_SINGLE:
-                self._execute(
-                    unit,
-                    what,
-                    lambda: self._client.write_register(
-                        m.setpoint_register, raw, device_id=m.unit_id
-                    ),
-                )
-            else:
-                self._execute(
-                    unit,
-                    what,
-                    lambda: self._client.write_registers(
-                        m.setpoint_register, [raw], device_id=m.unit_id
-                    ),
-                )
+            self._exchange(unit, what, request, gate)
         except ModbusRefused as exc:
             if exc.exception_code == ILLEGAL_DATA_VALUE:
                 raise SetpointRejected(str(exc)) from exc
             raise
-        # The line is quiet for the silent interval before the next frame.
-        threading.Event().wait(self.timing.silent_s)
-        return self.read_setpoint(unit)
+        self._silent_interval()
+        return self.read_setpoint(unit, gate)

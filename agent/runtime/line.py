@@ -8,6 +8,8 @@ from typing import Any
 from agent.config import MAX_UNIT_LOADS, AgentSettings, DeviceSettings
 from agent.controller.driver import Driver, Unit
 from agent.controller.line_driver import LineDriver
+from agent.controller.modbus_driver import ModbusDriver
+from agent.controller.modbus_map import RegisterMap
 from agent.controller.timing import cycle_s
 
 log = logging.getLogger("agent")
@@ -24,8 +26,6 @@ def make_driver(settings: AgentSettings) -> Driver:
         "extra_gap_s": serial.extra_gap_s,
     }
     if serial.driver == "modbus":
-        from agent.controller.modbus_driver import ModbusDriver  # an optional extra
-
         return ModbusDriver(serial.url, **common)
     return LineDriver(serial.url, **common)
 
@@ -38,8 +38,6 @@ def _unit(settings: AgentSettings, device: DeviceSettings) -> Unit:
     serial = settings.serial
     if serial.driver != "modbus":
         return Unit(device.id, device.address)
-    from agent.controller.modbus_driver import RegisterMap
-
     override = device.modbus
     chosen: dict[str, Any] = {
         "setpoint_register": serial.modbus_setpoint_register,

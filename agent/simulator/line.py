@@ -29,7 +29,7 @@ from typing import Any, Self
 
 from agent.controller import line_protocol as lp
 from agent.controller.interface import DEFAULT_LIMITS, ControllerState, DeviceIdentity, Limits
-from agent.controller.modbus_driver import RegisterMap
+from agent.controller.modbus_map import RegisterMap
 from agent.simulator.clock import PreciseSleeper
 from agent.simulator.core import (
     DEFAULT_IDENTITY,

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Self
 
 from agent.controller.interface import DEFAULT_LIMITS, ControllerState, Limits
-from agent.controller.modbus_driver import RegisterMap
+from agent.controller.modbus_map import RegisterMap
 from agent.simulator.core import WriteRecord
 from agent.simulator.line import FakeLine, Unit
 from agent.simulator.rtu import RegisterAccess

@@ -1,8 +1,9 @@
 """Modbus RTU for the fake line: frames and their CRC, requests split out of a byte stream,
 and a unit's registers over its thermal model, laid out by the Modbus driver's RegisterMap.
 
-Pure: no I/O, times are passed in. Needs no pymodbus: the fake serves RTU itself, so that
-the driver (which talks through pymodbus) is checked against an independent implementation.
+Pure: no I/O, times are passed in. The fake serves RTU itself, apart from the driver's own
+codec (agent.controller.modbus_rtu), so that each checks the other; the tests check both
+against pymodbus too.
 Functions served: 3 and 4 (read holding / input registers: the same registers), 6 and 16
 (write the set point register; every other register is read-only).
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from agent.controller import line_protocol as lp
 from agent.controller.interface import ControllerError, InvalidSetpoint
-from agent.controller.modbus_driver import (
+from agent.controller.modbus_map import (
     READ_HOLDING,
     READ_INPUT,
     WRITE_MULTIPLE,

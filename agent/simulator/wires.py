@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.controller import line_protocol as lp
-from agent.controller.modbus_driver import RegisterMap
+from agent.controller.modbus_map import RegisterMap
 from agent.simulator.core import (
     ASCII_BITS_PER_CHAR,
     RTU_BITS_PER_CHAR,

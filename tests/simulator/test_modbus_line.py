@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from agent.controller.modbus_driver import RegisterMap
+from agent.controller.modbus_map import RegisterMap
 from agent.simulator.line import FakeLine
 
 pymodbus = pytest.importorskip("pymodbus")

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.controller.interface import Limits, Mode
-from agent.controller.modbus_driver import READ_INPUT, WRITE_MULTIPLE, RegisterMap
+from agent.controller.modbus_map import READ_INPUT, WRITE_MULTIPLE, RegisterMap
 from agent.simulator.core import DeviceCore
 from agent.simulator.rtu import (
     ILLEGAL_ADDRESS,

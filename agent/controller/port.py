@@ -1,0 +1,144 @@
+"""One serial port through pyserial, as the drivers use it: opened, written with a bound,
+read against deadlines, closed, or aborted so that nothing queued goes out late.
+
+Any pyserial URL works: a device path (/dev/ttyUSB0, /dev/serial/by-id/...), opened
+exclusively; socket://host:port and rfc2217://host:port for serial device servers.
+Blocking; called from the bus's thread only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import struct
+import termios
+import time
+from typing import Any
+
+import serial  # type: ignore[import-untyped]
+
+from agent.controller.driver import WRITE_TIMEOUT_S, LinkLost, LinkStats, is_device_path
+
+log = logging.getLogger(__name__)
+
+# What pyserial raises when the port goes away: SerialException (an OSError), a bare
+# OSError from os.read/ioctl, or termios.error from tcflush on a hung-up tty.
+PORT_ERRORS = (serial.SerialException, OSError, termios.error)
+
+
+class SerialPort:
+    def __init__(self, url: str, stats: LinkStats, **settings: Any) -> None:
+        self.url = url
+        self.stats = stats
+        self._settings = dict(settings, write_timeout=WRITE_TIMEOUT_S)
+        if is_device_path(url):
+            self._settings.setdefault("exclusive", True)
+        else:
+            self._settings.pop("exclusive", None)  # a flock() on a tty; URLs have none
+        self.exclusive = bool(self._settings.get("exclusive", False))
+        # Catch a bad URL scheme, baud rate or parity now rather than retry it forever.
+        serial.serial_for_url(url, do_not_open=True, **self._settings)
+        self._port: serial.Serial | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._port is not None
+
+    def fileno(self) -> int | None:
+        """The open port's descriptor (a tty), for tests that look at it."""
+        return None if self._port is None else self._port.fileno()
+
+    def open(self) -> None:
+        self.close()
+        try:
+            self._port = serial.serial_for_url(self.url, **self._settings)
+        except PORT_ERRORS as exc:
+            raise LinkLost(f"cannot open {self.url}: {exc}") from exc
+        log.debug("opened %s", self.url)
+
+    def close(self) -> None:
+        port, self._port = self._port, None
+        if port is None:
+            return
+        # pyserial's socket:// close() skips closing the socket when shutdown() fails,
+        # as it does once the peer is gone: close it here too, or the fd leaks.
+        sock = getattr(port, "_socket", None)
+        try:
+            port.close()
+        except Exception as exc:  # closing a vanished port may fail; it is closed anyway
+            log.debug("closing %s: %s", self.url, exc)
+        if sock is not None:
+            sock.close()
+
+    def abort(self) -> None:
+        """Closes the port dropping what it still holds to send: a socket is reset (RST,
+        no retransmission of queued bytes), a tty's output queue is flushed."""
+        port = self._port
+        if port is None:
+            return
+        sock = getattr(port, "_socket", None)
+        with contextlib.suppress(OSError, AttributeError):
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            else:
+                port.reset_output_buffer()
+        self.close()
+
+    def _open_port(self) -> serial.Serial:
+        if self._port is None:
+            raise LinkLost("port is not open")
+        return self._port
+
+    def discard_input(self) -> None:
+        try:
+            self._open_port().reset_input_buffer()
+        except PORT_ERRORS as exc:
+            raise LinkLost(str(exc)) from exc
+
+    def send(self, frame: bytes) -> None:
+        """Writes `frame` within WRITE_TIMEOUT_S, or aborts the port (LinkLost)."""
+        port = self._open_port()
+        try:
+            port.write(frame)
+        except serial.SerialTimeoutException as exc:
+            self.abort()
+            raise LinkLost(f"{self.url}: a write did not go out in {WRITE_TIMEOUT_S} s") from exc
+        except PORT_ERRORS as exc:
+            raise LinkLost(str(exc)) from exc
+        self.stats.transactions += 1
+        self.stats.bytes_sent += len(frame)
+
+    def read(self, size: int, deadline: float) -> bytes:
+        """Up to `size` bytes: waits for the first until `deadline` (monotonic), then takes
+        what has come without waiting. b"" when nothing came in time."""
+        port = self._open_port()
+        try:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return b""
+            port.timeout = remaining
+            chunk: bytes = port.read(1)
+            if not chunk:
+                return b""
+            if size > 1:
+                # Whatever else has come, without waiting: a byte at a time (in_waiting
+                # says 1 on socket://) would cost a system call each.
+                port.timeout = 0
+                chunk += port.read(size - 1)
+        except PORT_ERRORS as exc:
+            raise LinkLost(str(exc)) from exc
+        self.stats.bytes_received += len(chunk)
+        return chunk
+
+    def read_exactly(self, size: int, first_by: float, gap_s: float) -> bytes:
+        """`size` bytes: the first by `first_by` (monotonic), each further one within
+        `gap_s` of the one before (the inter-character timeout). Fewer when the line went
+        quiet first (b"" when nothing came)."""
+        data = self.read(size, first_by)
+        while data and len(data) < size:
+            more = self.read(size - len(data), time.monotonic() + gap_s)
+            if not more:
+                break
+            data += more
+        return data
