@@ -9,6 +9,7 @@ from hypothesis import settings
 
 from agent.simulator.device import FakeDevice
 from tests.support.mosquitto import Mosquitto, mosquitto_binary
+from tests.support.processes import LIVE
 from tests.support.store_backends import EmbeddedBackend, MosquittoBackend, StoreBackend
 
 # CI explores the same examples on every run (a new example that fails shows up locally,
@@ -16,6 +17,18 @@ from tests.support.store_backends import EmbeddedBackend, MosquittoBackend, Stor
 settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """A failed test that ran agent processes shows what each of them said last."""
+    report = yield
+    if call.when == "call" and report.failed:
+        for process in list(LIVE):
+            report.sections.append(("agent process output", process.tail()))
+    if call.when == "teardown":
+        LIVE.clear()
+    return report
 
 
 @pytest.fixture

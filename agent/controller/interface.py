@@ -86,7 +86,25 @@ class SetpointRejected(ControllerError):
 
 
 class WriteNotAllowed(ControllerError):
-    """The caller's `allowed` check said no at the last moment; nothing was written."""
+    """Nothing was written: the caller's `allowed` check or the line's gate said no at the
+    last moment (and the subclasses below)."""
+
+
+class Superseded(WriteNotAllowed):
+    """A newer write to the same unit took this one's place before it went out."""
+
+
+class ReadingChanged(WriteNotAllowed):
+    """The unit no longer holds the set point the write was decided on (a panel change,
+    say): nothing was written; `state` is the newest reading, to decide again."""
+
+    def __init__(self, message: str, state: ControllerState | None) -> None:
+        super().__init__(message)
+        self.state = state
+
+
+class NotSent(ControllerUnavailable):
+    """Refused before a byte went out: the unit is quarantined, the line is down or closed."""
 
 
 class InvalidSetpoint(ValueError):
@@ -163,6 +181,26 @@ class Controller(ABC):
     def available(self) -> bool:
         """True while the controller answers; False while it is gone or being reopened."""
 
+    @property
+    @abstractmethod
+    def limits(self) -> Limits | None:
+        """The limits last read (None: read them before a write)."""
+
+    @property
+    @abstractmethod
+    def last_state(self) -> ControllerState | None:
+        """The newest reading (its set point updated by writes)."""
+
+    @property
+    @abstractmethod
+    def last_state_at(self) -> float | None:
+        """When (monotonic) the newest reading ended on the wire."""
+
+    @property
+    @abstractmethod
+    def last_write_at(self) -> float | None:
+        """When (monotonic) the last write ended on the wire, answered or not."""
+
     @abstractmethod
     async def open(self) -> None:
         """Open the port. If the controller is not there, keep retrying in the background."""
@@ -181,11 +219,20 @@ class Controller(ABC):
 
     @abstractmethod
     async def write_setpoint(
-        self, value: object, *, allowed: Callable[[], bool] | None = None
+        self,
+        value: object,
+        *,
+        allowed: Callable[[], bool] | None = None,
+        expected: float | None = None,
+        fresh_after: float | None = None,
     ) -> float:
-        """Validate, round to the step, write if it differs, and return the value read back.
+        """Validate, round to the step, write, and return the value read back.
 
         `allowed`, when given, is asked right before writing; False means write nothing.
+        `expected`, when given, is the set point the write was decided on: a controller
+        that no longer holds it is not written (ReadingChanged, with the new reading); it
+        is read right before the write unless its newest reading was taken after
+        `fresh_after` (monotonic) by the transaction just before.
         """
 
     async def __aenter__(self) -> Self:

@@ -9,7 +9,14 @@ backoff while every unit on it is reported unavailable; a unit that stops answer
 quarantined by the schedule, and the port stays open for the others.
 
 Urgent work comes through `DeviceHandle` (one per unit, the API the sync uses); routine
-polls are the bus's own, and their readings go to `on_reading`.
+polls are the bus's own, and their readings go to `on_reading`, with the time the reading
+ended on the wire.
+
+Every transaction passes the `gate` right before its first byte (the driver's contract,
+agent.controller.driver). A write decided on a reading (`expected`) goes out only if the
+unit still holds that: the bus reads the unit right before the write, back to back, unless
+the newest reading is fresh (taken by the transaction just before), and a unit that changed
+meanwhile fails the write with ReadingChanged, carrying the new reading.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.controller.driver import Driver, LinkLost, Unit
+from agent.controller.driver import Driver, Gate, LinkLost, Unit, open_gate
 from agent.controller.interface import (
     Controller,
     ControllerError,
@@ -35,7 +42,10 @@ from agent.controller.interface import (
     ControllerState,
     ControllerUnavailable,
     Limits,
+    NotSent,
+    ReadingChanged,
     SetpointRejected,
+    Superseded,
     WriteNotAllowed,
     as_finite_number,
     validate_setpoint,
@@ -47,13 +57,12 @@ log = logging.getLogger(__name__)
 DEFAULT_BACKOFF_INITIAL_S = 1.0
 DEFAULT_BACKOFF_MAX_S = 30.0
 
-ReadingHandler = Callable[[str, ControllerState], None]
+ReadingHandler = Callable[[str, ControllerState, float], None]
 ReadingFilter = Callable[[str, ControllerState], bool]
 AvailabilityHandler = Callable[[str, bool], None]
+_TOLERANCE = 1e-6
 
-
-class Superseded(ControllerError):
-    """A newer write to the same unit took this one's place before it went out."""
+__all__ = ["Bus", "DeviceHandle", "Superseded"]
 
 
 def backoff_delays(initial_s: float, max_s: float) -> Iterator[float]:
@@ -83,26 +92,32 @@ class Bus:
         on_reading: ReadingHandler | None = None,
         reading_wanted: ReadingFilter | None = None,
         on_availability: AvailabilityHandler | None = None,
-        may_transact: Callable[[], bool] | None = None,
+        gate: Gate = open_gate,
         **schedule_options: Any,
     ) -> None:
         """`reading_wanted(name, state)` is asked on the bus's thread for every routine
         reading: only those it wants are handed to `on_reading` (on the event loop).
 
-        `may_transact()` is asked on the bus's thread before every transaction, a read as
-        much as a write: a master that may no longer drive the line (its lease ended while
-        it was paused, say) must not put a single frame on it, even before the event loop
-        has caught up and closed the bus. It must only read state."""
+        `gate(lasts_s)` is asked on the bus's thread right before every transaction's first
+        byte, a read as much as a write (the driver's contract): a master that may no
+        longer drive the line (its lease ended while it was paused, say, or would end
+        before the transaction does) must not put a single frame on it, even before the
+        event loop has caught up and closed the bus. It must only read state."""
         if not units:
             raise ValueError("a bus needs at least one unit")
         if not 0 < backoff_initial_s <= backoff_max_s:
             raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
         self.driver = driver
         self.units = {unit.name: unit for unit in units}
+        poll_s = driver.timing.transaction_s(*driver.poll_frame)
+        self.fresh_s = poll_s
+        """A reading younger than this (one poll's line time: the transaction just before)
+        needs no read again before a write."""
         self.schedule = BusSchedule(
             [unit.name for unit in units],
             poll_interval_s=poll_interval_s,
             min_write_interval_s=min_write_interval_s,
+            poll_s=poll_s,
             # The first routine cycle one interval from now: whoever opens the line reads
             # what it needs first (a takeover reads every device anyway).
             now=time.monotonic() + poll_interval_s,
@@ -113,9 +128,9 @@ class Bus:
         self.on_reading = on_reading
         self.reading_wanted = reading_wanted
         self.on_availability = on_availability
-        self.may_transact = may_transact
+        self.gate = gate
         self.withheld = 0
-        """Transactions not put on the line because may_transact() said no."""
+        """Transactions not put on the line because the gate said no."""
         self.handles = {name: DeviceHandle(self, unit) for name, unit in self.units.items()}
         self.reopen_count = 0
         """How often the port was reopened after it was lost."""
@@ -190,15 +205,15 @@ class Bus:
         `allowed`, for a write, is asked on the bus's thread right before the bytes go
         out; it must only read state (it runs off the event loop)."""
         if self._thread is None or self._closing.is_set():
-            raise ControllerUnavailable(f"{self.driver.url}: the line is not open")
+            raise NotSent(f"{self.driver.url}: the line is not open")
         if not self._line_up:
-            raise ControllerUnavailable(f"{self.driver.url}: the line is down, reopening")
+            raise NotSent(f"{self.driver.url}: the line is down, reopening")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         with self._mutex:
             try:
                 superseded = self.schedule.submit(op)
             except Refused as exc:
-                raise ControllerUnavailable(str(exc)) from None
+                raise NotSent(str(exc)) from None
             self._waiters[op.number] = _Waiter(future, allowed)
             replaced = self._waiters.pop(superseded.number, None) if superseded else None
         if replaced is not None and not replaced.future.done():
@@ -292,61 +307,101 @@ class Bus:
             waiter = self._waiters.get(op.number)
         if waiter is not None and waiter.future.done():
             return  # its caller gave up
-        if self.may_transact is not None and not self.may_transact():
-            self.withheld += 1
-            self._answer(op, error=WriteNotAllowed(f"{op.device}: no longer driving the line"))
-            return
         allowed = waiter.allowed if waiter is not None else None
-        if op.kind is Kind.WRITE and allowed is not None and not allowed():
-            self._answer(op, error=WriteNotAllowed(f"{op.device}: write of {op.value} withdrawn"))
-            return
+        gate = self.gate
+        if op.kind is Kind.WRITE and allowed is not None:
+
+            def gate(lasts_s: float) -> bool:
+                return allowed() and self.gate(lasts_s)
+
+        if op.kind is Kind.WRITE and op.expected is not None:
+            handle = self.handles[op.device]
+            if not handle.fresh(time.monotonic(), self.fresh_s, op.fresh_after):
+                # The read that protects a panel change, right before the write.
+                _, error = self._carry_out(Op(op.device, Kind.READ), gate)
+                if error is not None:
+                    self._answer(op, error=error)
+                    return
+                self._quiet()
+            state = handle.last_state
+            if state is None or abs(state.setpoint - op.expected) > _TOLERANCE:
+                now_holds = "nothing read" if state is None else state.setpoint
+                self._answer(
+                    op,
+                    error=ReadingChanged(
+                        f"{op.device}: holds {now_holds}, not {op.expected}: "
+                        f"write of {op.value} not sent",
+                        state,
+                    ),
+                )
+                return
+        result, error = self._carry_out(op, gate)
+        if error is not None:
+            self._answer(op, error=error)
+        else:
+            self._answer(op, result=result)
+
+    def _carry_out(self, op: Op, gate: Gate) -> tuple[Any, BaseException | None]:
+        """One transaction on the line: (its result, None) or (None, the error)."""
         unit = self.units[op.device]
+        started = time.monotonic()
         try:
-            result = self._blocking_call(op, unit)
+            result = self._blocking_call(op, unit, gate)
+        except WriteNotAllowed as exc:  # the gate said no: nothing went out
+            self.withheld += 1
+            with self._mutex:
+                self.schedule.withdraw(op)
+            return None, exc
         except LinkLost as exc:
             with self._mutex:
                 self.schedule.finished(op, Outcome.LINE_DOWN, time.monotonic())
             # Its caller learns it with everyone else's, after the units are unavailable.
             self._lose_line(exc)
-            return
+            return None, ControllerUnavailable(f"{self.driver.url}: line lost: {exc}")
         except ControllerUnavailable as exc:
+            self._in_doubt(op)
             self._settle(op, Outcome.TIMEOUT)
-            self._answer(op, error=exc)
-            return
+            return None, exc
         except ControllerError as exc:
+            self._in_doubt(op)
             self._settle(op, Outcome.ERROR)
-            self._answer(op, error=exc)
-            return
+            return None, exc
         except Exception as exc:
             # A driver bug or an undocumented library exception: the unit's fault as far
             # as the caller can tell, never the end of the bus.
             log.exception("%s: unexpected error on %s", op.device, op.kind.value)
+            self._in_doubt(op)
             self._settle(op, Outcome.ERROR)
-            self._answer(op, error=ControllerError(f"{op.device}: unexpected error: {exc!r}"))
-            return
-        self._settle(op, Outcome.OK)
-        self.handles[op.device].note_result(op, result)
-        if op.kind in (Kind.POLL, Kind.PROBE):
+            return None, ControllerError(f"{op.device}: unexpected error: {exc!r}")
+        ended = time.monotonic()
+        self._settle(op, Outcome.OK, ended - started)
+        self.handles[op.device].note_result(op, result, ended)
+        if op.kind in (Kind.POLL, Kind.PROBE) or (op.kind is Kind.READ and op.value is None):
+            # Routine readings, and the read the bus makes before a write, go to the sync
+            # if they say something new (an urgent read's caller has its answer).
+            urgent = op.number in self._waiters
             wanted = self.reading_wanted is None or self.reading_wanted(op.device, result)
-            if wanted and self.on_reading is not None:
-                self._post(self._deliver_reading, op.device, result)
-        self._answer(op, result=result)
+            if wanted and not urgent and self.on_reading is not None:
+                self._post(self._deliver_reading, op.device, result, ended)
+        return result, None
 
-    def _blocking_call(self, op: Op, unit: Unit) -> Any:
+    def _in_doubt(self, op: Op) -> None:
+        if op.kind is Kind.WRITE:
+            self.handles[op.device].note_write_in_doubt(time.monotonic())
+
+    def _blocking_call(self, op: Op, unit: Unit, gate: Gate) -> Any:
         if op.kind is Kind.LIMITS:
-            return self.driver.read_limits(unit)
+            return self.driver.read_limits(unit, gate)
         if op.kind is Kind.WRITE:
             assert op.value is not None
-            return self.driver.write_setpoint(unit, op.value)
-        return self.driver.read_state(unit)
+            return self.driver.write_setpoint(unit, op.value, gate)
+        return self.driver.read_state(unit, gate)
 
-    def _settle(self, op: Op, outcome: Outcome) -> None:
+    def _settle(self, op: Op, outcome: Outcome, took_s: float | None = None) -> None:
         with self._mutex:
-            verdict = self.schedule.finished(op, outcome, time.monotonic())
+            verdict = self.schedule.finished(op, outcome, time.monotonic(), took_s)
         for refused in verdict.refused:
-            self._answer(
-                refused, error=ControllerUnavailable(f"{refused.device} stopped answering")
-            )
+            self._answer(refused, error=NotSent(f"{refused.device} stopped answering"))
         if verdict.change is not None:
             self._report(verdict.change)
 
@@ -407,11 +462,11 @@ class Bus:
         if waiter is not None:
             self._post(_settle, waiter.future, result, error)
 
-    def _deliver_reading(self, name: str, state: ControllerState) -> None:
+    def _deliver_reading(self, name: str, state: ControllerState, at: float) -> None:
         if self.on_reading is None:
             return
         try:
-            self.on_reading(name, state)
+            self.on_reading(name, state, at)
         except Exception:
             log.exception("%s: reading handler failed", name)
 
@@ -449,6 +504,8 @@ class DeviceHandle(Controller):
         self.name = unit.name
         self._limits: Limits | None = None
         self._state: ControllerState | None = None
+        self._state_at: float | None = None
+        self._write_at: float | None = None
         self._available = True
         self._availability_event = asyncio.Event()
         self._availability_event.set()
@@ -467,6 +524,22 @@ class DeviceHandle(Controller):
         """The state last read (its set point updated by writes)."""
         return self._state
 
+    @property
+    def last_state_at(self) -> float | None:
+        """When (monotonic) the last reading or write of the unit ended on the wire."""
+        return self._state_at
+
+    @property
+    def last_write_at(self) -> float | None:
+        """When (monotonic) the last write to the unit ended on the wire: it may have
+        reached the unit even if no answer came."""
+        return self._write_at
+
+    def fresh(self, now: float, within_s: float, after: float = float("-inf")) -> bool:
+        """The newest reading ended after `after`, and within `within_s` of `now`."""
+        at = self._state_at
+        return self._state is not None and at is not None and after <= at and now - at <= within_s
+
     def set_available(self, available: bool) -> None:
         """On the event loop: the unit left or rejoined (or the whole line did)."""
         if available == self._available:
@@ -483,15 +556,22 @@ class DeviceHandle(Controller):
             except Exception:
                 log.exception("%s: availability handler failed", self.name)
 
-    def note_result(self, op: Op, result: Any) -> None:
-        """On the bus's thread: what a transaction read (single assignments)."""
+    def note_result(self, op: Op, result: Any, at: float) -> None:
+        """On the bus's thread: what a transaction read, and when it ended (single
+        assignments)."""
         if op.kind is Kind.LIMITS:
             self._limits = result
         elif op.kind is Kind.WRITE:
+            self._write_at = at
             if self._state is not None:
                 self._state = dataclasses.replace(self._state, setpoint=result)
+                self._state_at = at
         else:
-            self._state = result
+            self._state, self._state_at = result, at
+
+    def note_write_in_doubt(self, at: float) -> None:
+        """On the bus's thread: a write went out and no good answer came."""
+        self._write_at = at
 
     async def open(self) -> None:
         """The bus opens the port; a unit has nothing of its own to open."""
@@ -514,17 +594,32 @@ class DeviceHandle(Controller):
         return result
 
     async def write_setpoint(
-        self, value: object, *, allowed: Callable[[], bool] | None = None
+        self,
+        value: object,
+        *,
+        allowed: Callable[[], bool] | None = None,
+        expected: float | None = None,
+        fresh_after: float | None = None,
     ) -> float:
         """Checks the value against the controller's limits (InvalidSetpoint, nothing
         written), rounds it to the step, writes it (never sooner than the unit's least
         write interval after its previous write) and returns the value read back.
-        `allowed` is asked right before the bytes go out."""
+        `allowed` is asked right before the bytes go out. With `expected`, the write goes
+        out only if the unit still holds that set point, read right before it unless a
+        reading taken after `fresh_after` was the transaction just before (ReadingChanged
+        otherwise, with the new reading)."""
         as_finite_number(value)  # reject non-numbers before any I/O
         limits = self._limits or await self.read_limits()
         target = validate_setpoint(value, limits)
+        op = Op(
+            self.name,
+            Kind.WRITE,
+            target,
+            expected=expected,
+            fresh_after=float("-inf") if fresh_after is None else fresh_after,
+        )
         try:
-            stored: float = await self.bus.run(Op(self.name, Kind.WRITE, target), allowed)
+            stored: float = await self.bus.run(op, allowed)
         except SetpointRejected:
             self._limits = None  # the limits we checked against are stale
             raise

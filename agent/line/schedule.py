@@ -11,9 +11,15 @@ One master, one transaction at a time. In order of precedence:
    cycle starts every poll interval, or at once when the line is slower than that.
 
 A device that does not answer costs at most one reply timeout per cycle; after
-`quarantine_after` timeouts in a row it is quarantined: left out of the cycles and probed,
-every `probe_initial_s` at first, backing off to `probe_max_s`, until it answers again.
-Urgent work for a quarantined device is refused at once rather than spend a timeout on it.
+`quarantine_after` timeouts in a row (or `quarantine_after_errors` garbled answers) it is
+quarantined: left out of the cycles and probed, every `probe_initial_s` at first, backing
+off to `probe_max_s`, until it answers well again. Urgent work for a quarantined device is
+refused at once rather than spend a timeout on it.
+
+A slow device (its transactions take `SLOW_FACTOR` times a poll's line time or more) costs
+the others at most one of its transactions per change: it is polled less often (its polls
+take at most `SLOW_SHARE` of the line), and no poll starts that would still be on the line
+when a waiting write becomes due.
 """
 
 from __future__ import annotations
@@ -25,8 +31,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 DEFAULT_QUARANTINE_AFTER = 2
+DEFAULT_QUARANTINE_AFTER_ERRORS = 3
 DEFAULT_PROBE_INITIAL_S = 30.0
 DEFAULT_PROBE_MAX_S = 300.0
+SLOW_FACTOR = 4.0
+SLOW_SHARE = 0.1
+"""A slow device's polls take at most this share of the line's time."""
+SMOOTHING = 0.3
+"""Weight of the newest duration in a device's running mean."""
 
 
 class Kind(enum.Enum):
@@ -51,6 +63,12 @@ class Op:
     device: str
     kind: Kind
     value: float | None = None
+    expected: float | None = None
+    """For a write: the set point the unit held when it was decided. The bus reads the unit
+    right before the write (unless its newest reading is fresh: taken after `fresh_after`,
+    and by the transaction just before) and writes only if it still holds that: a panel
+    change made since is not written over."""
+    fresh_after: float = float("-inf")
     number: int = field(default_factory=itertools.count().__next__)
 
 
@@ -64,9 +82,16 @@ class _Device:
     min_write_interval_s: float
     last_write_at: float | None = None
     timeouts_in_a_row: int = 0
+    errors_in_a_row: int = 0
+    errors: int = 0
+    """Garbled answers, all told."""
     quarantined: bool = False
     probe_at: float = 0.0
     probe_delay_s: float = 0.0
+    took_s: float | None = None
+    """Running mean of how long its answered transactions take."""
+    next_poll_at: float = float("-inf")
+    """A slow device is not polled before this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +119,17 @@ class BusSchedule:
         poll_interval_s: float,
         min_write_interval_s: Mapping[str, float] | float = 0.0,
         quarantine_after: int = DEFAULT_QUARANTINE_AFTER,
+        quarantine_after_errors: int = DEFAULT_QUARANTINE_AFTER_ERRORS,
         probe_initial_s: float = DEFAULT_PROBE_INITIAL_S,
         probe_max_s: float = DEFAULT_PROBE_MAX_S,
+        poll_s: float = 0.0,
         now: float = 0.0,
     ) -> None:
+        """`poll_s`: a poll's line time, what a device that answers at once costs (0: no
+        device is ever slow)."""
         if len(set(devices)) != len(devices):
             raise ValueError("device names must be unique")
-        if poll_interval_s <= 0 or quarantine_after < 1:
+        if poll_interval_s <= 0 or quarantine_after < 1 or quarantine_after_errors < 1:
             raise ValueError("need a positive poll interval and quarantine_after >= 1")
         if not 0 < probe_initial_s <= probe_max_s:
             raise ValueError("need 0 < probe_initial_s <= probe_max_s")
@@ -113,6 +142,8 @@ class BusSchedule:
         self._order = list(devices)
         self.poll_interval_s = poll_interval_s
         self.quarantine_after = quarantine_after
+        self.quarantine_after_errors = quarantine_after_errors
+        self.poll_s = poll_s
         self.probe_initial_s = probe_initial_s
         self.probe_max_s = probe_max_s
         self._urgent: deque[Op] = deque()
@@ -134,6 +165,18 @@ class BusSchedule:
 
     def pending(self) -> list[Op]:
         return list(self._urgent)
+
+    def slow(self, device: str) -> float | None:
+        """How long the device's transactions take, if it is slow; None if not."""
+        took = self._devices[device].took_s
+        return took if self._is_slow(took) else None
+
+    def errors(self, device: str) -> int:
+        """Garbled answers the device gave, all told."""
+        return self._devices[device].errors
+
+    def _is_slow(self, took: float | None) -> bool:
+        return self.poll_s > 0 and took is not None and took >= SLOW_FACTOR * self.poll_s
 
     # ------------------------------------------------------------------ requests
 
@@ -182,33 +225,53 @@ class BusSchedule:
         if not self._cycle and now >= self._cycle_due_at:
             self._start_cycle(now)
         while self._cycle:
-            name = self._cycle.popleft()
-            if not self._devices[name].quarantined:
-                return Op(name, Kind.POLL)
+            name = self._cycle[0]
+            device = self._devices[name]
+            if device.quarantined or (self._is_slow(device.took_s) and device.next_poll_at > now):
+                self._cycle.popleft()  # left out of this cycle
+                continue
+            # No poll that would still be on the line when a waiting write is due.
+            if now + (device.took_s or self.poll_s) > wake:
+                return wake
+            self._cycle.popleft()
+            return Op(name, Kind.POLL)
         self._end_cycle(now)
         return min(wake, self._cycle_due_at)
 
-    def finished(self, op: Op, outcome: Outcome, now: float) -> Verdict:
-        """Records how a transaction ended."""
+    def finished(
+        self, op: Op, outcome: Outcome, now: float, took_s: float | None = None
+    ) -> Verdict:
+        """Records how a transaction ended (`took_s`: how long it held the line)."""
         device = self._devices[op.device]
         if op.kind is Kind.WRITE and outcome is not Outcome.LINE_DOWN:
             device.last_write_at = now  # it may have reached the device even so
         if outcome is Outcome.LINE_DOWN:
             return Verdict()
+        if outcome is Outcome.OK and took_s is not None and op.kind is not Kind.WRITE:
+            device.took_s = (
+                took_s
+                if device.took_s is None
+                else SMOOTHING * took_s + (1 - SMOOTHING) * device.took_s
+            )
+            if op.kind is Kind.POLL and self._is_slow(device.took_s):
+                # Its polls take at most SLOW_SHARE of the line.
+                device.next_poll_at = now + max(self.poll_interval_s, device.took_s / SLOW_SHARE)
+        if outcome is Outcome.ERROR:
+            device.errors += 1
+            device.errors_in_a_row += 1
+            if device.quarantined:
+                return self._probe_failed(device, now)
+            if device.errors_in_a_row < self.quarantine_after_errors:
+                return Verdict()
+            return self._quarantine(device, op, now)
+        device.errors_in_a_row = 0
         if outcome is Outcome.TIMEOUT:
             device.timeouts_in_a_row += 1
             if device.quarantined:
-                device.probe_delay_s = min(device.probe_delay_s * 2, self.probe_max_s)
-                device.probe_at = now + device.probe_delay_s
-                return Verdict()
+                return self._probe_failed(device, now)
             if device.timeouts_in_a_row < self.quarantine_after:
                 return Verdict()
-            device.quarantined = True
-            device.probe_delay_s = self.probe_initial_s
-            device.probe_at = now + self.probe_initial_s
-            refused = tuple(queued for queued in self._urgent if queued.device == op.device)
-            self._urgent = deque(queued for queued in self._urgent if queued.device != op.device)
-            return Verdict(Change(op.device, available=False), refused)
+            return self._quarantine(device, op, now)
         device.timeouts_in_a_row = 0
         if device.quarantined:
             device.quarantined = False
@@ -220,6 +283,7 @@ class BusSchedule:
         changes = []
         for device in self._devices.values():
             device.timeouts_in_a_row = 0
+            device.errors_in_a_row = 0
             if device.quarantined:
                 device.quarantined = False
                 changes.append(Change(device.name, available=True))
@@ -228,6 +292,19 @@ class BusSchedule:
         return changes
 
     # ------------------------------------------------------------------ internals
+
+    def _probe_failed(self, device: _Device, now: float) -> Verdict:
+        device.probe_delay_s = min(device.probe_delay_s * 2, self.probe_max_s)
+        device.probe_at = now + device.probe_delay_s
+        return Verdict()
+
+    def _quarantine(self, device: _Device, op: Op, now: float) -> Verdict:
+        device.quarantined = True
+        device.probe_delay_s = self.probe_initial_s
+        device.probe_at = now + self.probe_initial_s
+        refused = tuple(queued for queued in self._urgent if queued.device == op.device)
+        self._urgent = deque(queued for queued in self._urgent if queued.device != op.device)
+        return Verdict(Change(op.device, available=False), refused)
 
     def _write_ready_at(self, name: str) -> float:
         device = self._devices[name]

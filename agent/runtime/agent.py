@@ -45,6 +45,8 @@ log = logging.getLogger("agent")
 
 EXIT_OK = 0
 EXIT_CONFIG = 78  # EX_CONFIG: systemd will not restart (RestartPreventExitStatus=78)
+READY_WAIT_S = 5.0
+"""At start as active, how long readiness waits for the devices to be reconciled."""
 
 DriverFactory = Callable[[AgentSettings], Driver]
 
@@ -76,6 +78,7 @@ class Agent:
         self.health = Health(settings, self.view, lambda: self.session, self.notifier.status)
         self._endpoint: HealthEndpoint | None = None
         self._line_lock = asyncio.Lock()  # the line opened, closed, paused: one at a time
+        self._reconciling: asyncio.Future[Any] | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -181,6 +184,11 @@ class Agent:
             self._start_scheduler()
             self._clock_task = asyncio.create_task(self._watch_clock(), name="clock")
             await self.leadership.contend()
+            if self.role is Role.ACTIVE:
+                # Ready with the devices' state in its words, once they are reconciled.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(READY_WAIT_S):
+                        await asyncio.gather(*(s.reconciled.wait() for s in self.devices.values()))
             self.notifier.ready(self._status_words())
             log.info("started as %s", self.role.value)
             self._add_periodic_jobs()
@@ -351,20 +359,37 @@ class Agent:
             on_reading=self._on_reading,
             reading_wanted=self._reading_wanted,
             on_availability=self._on_availability,
-            may_transact=self.may_write,
+            gate=self._gate,
         )
         await self.bus.open()
         started = time.monotonic()
-        await asyncio.gather(
+        needs = await asyncio.gather(
             *(sync.take_over(self.bus.device(name)) for name, sync in self.devices.items())
         )
-        for sync in self.devices.values():
+        # Each device is served as soon as it is reconciled; those with a remote change
+        # the former active never applied first.
+        order = sorted(zip(needs, self.devices.values(), strict=True), key=lambda n: not n[0])
+        for _, sync in order:
             sync.start()
+        self._reconciling = self._spawn(self._say_reconciled(started, sum(needs)))
+
+    async def _say_reconciled(self, started: float, first: int) -> None:
+        await asyncio.gather(*(sync.reconciled.wait() for sync in self.devices.values()))
         log.info(
-            "line open: %d device(s) reconciled in %.0f ms",
+            "line open: %d device(s) reconciled in %.0f ms (%d with a remote change first)",
             len(self.devices),
             (time.monotonic() - started) * 1000,
+            first,
         )
+
+    def _gate(self, lasts_s: float) -> bool:
+        """On the bus's thread, right before a transaction's first byte: this instance
+        drives the line, and its lease lasts until the transaction (`lasts_s` long at
+        most) has ended."""
+        if not self.may_write() or self.leadership is None:
+            return False
+        deadline = self.leadership.lock.deadline
+        return deadline is not None and time.monotonic() + lasts_s <= deadline
 
     async def _step_down_line(self, reason: str) -> None:
         async with self._line_lock:
@@ -412,6 +437,9 @@ class Agent:
                 await asyncio.gather(*(sync.reconcile() for sync in self.devices.values()))
 
     async def _close_line(self) -> None:
+        if self._reconciling is not None:
+            self._reconciling.cancel()
+            self._reconciling = None
         for sync in self.devices.values():
             sync.release()
         bus, self.bus = self.bus, None
@@ -423,8 +451,8 @@ class Agent:
         was last synced (most do not, and cost the event loop nothing)."""
         return not same(state.setpoint, self.devices[device_id].status.synced.value)
 
-    def _on_reading(self, device_id: str, state: ControllerState) -> None:
-        self.devices[device_id].polled(state)
+    def _on_reading(self, device_id: str, state: ControllerState, at: float) -> None:
+        self.devices[device_id].polled(state, at)
 
     def _on_availability(self, device_id: str, available: bool) -> None:
         sync = self.devices[device_id]
@@ -441,7 +469,9 @@ class Agent:
         sync = self.devices[device_id]
         if self.role is Role.ACTIVE and sync.controller is not None:
             sync.remote_changed(change)
-        elif self.role is not Role.ACTIVE:
+        else:
+            # Standby, or active with the line still opening: the takeover reads the store
+            # again when it reconciles the device.
             sync.follow_setpoint(change.value, change.version)
 
     async def _on_record(self, device_id: str, change: KeyChange) -> None:

@@ -13,6 +13,11 @@ The store orders changes. The agent remembers the value and store version it las
   first). So when the agent is about to apply a remote change and finds an unsynced
   local change, the local change is written to the store after the remote one, and
   wins on both sides. Whichever reached the store last is what both sides end with.
+- A value the agent wrote is never a panel change. Before it writes a remote change to the
+  controller the agent records the write as pending (in its sync record too, so that a
+  takeover knows it); a write whose answer never came (a timeout, a lost link, a takeover)
+  stays pending until a later sync settles it. A controller that holds a pending value holds
+  the agent's own write, synced at that write's version (`settled`), not a panel change.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class ApplyToController:
 class PublishToStore:
     value: float
     reason: str
+    only_if_absent: bool = False
+    """The store held nothing: write only if it still holds nothing (SET NX), so that a
+    remote change written meanwhile is applied rather than overwritten."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +152,7 @@ def reconcile(
 ) -> Decision:
     """At startup, after a reconnect or a controller reopen: bring the three together."""
     if store_raw is None:
-        return PublishToStore(controller, "the store has no set point")
+        return PublishToStore(controller, "the store has no set point", only_if_absent=True)
     if synced.value is None:  # first run: the store is the reference
         return _apply(store_raw, store_version or Hlc(0, 0, ""), controller, limits)
     local_changed = not same(controller, synced.value)
@@ -158,6 +166,37 @@ def reconcile(
         assert store_version is not None
         return _apply(store_raw, store_version, controller, limits)
     return Ignore("in sync")
+
+
+MAX_PENDING = 4
+"""Writes in doubt remembered per device (newest last); older ones are forgotten."""
+
+
+def settled(synced: Synced, pending: Iterable[Synced], controller: float) -> Synced:
+    """What the controller holds, as a sync: `synced` if it holds that value; the newest
+    write of ours still pending (issued, never confirmed) that it holds, newer than
+    `synced`; else `synced` (and the controller holds a panel change)."""
+    if same(controller, synced.value):
+        return synced
+    found = synced
+    for write in pending:
+        if write.value is None or write.version is None:
+            continue
+        if not same(write.value, controller):
+            continue
+        if found.version is None or write.version > found.version:
+            found = write
+    return found
+
+
+def still_pending(pending: Iterable[Synced], synced: Synced) -> tuple[Synced, ...]:
+    """The pending writes a sync at `synced` has not settled (newer than it), bounded."""
+    kept = [
+        p
+        for p in pending
+        if p.version is not None and (synced.version is None or p.version > synced.version)
+    ]
+    return tuple(kept[-MAX_PENDING:])
 
 
 def newer(a: Synced, b: Synced) -> Synced:

@@ -10,6 +10,13 @@ Work arrives in a mailbox with one slot per kind (the newest remote change, the 
 poll reading that differs, a request to reconcile), served by one task per device: a burst
 of changes to one device collapses to the newest, and devices never wait for each other
 except on the line itself.
+
+A remote change is decided on the newest reading of the controller, and its write goes out
+only if the controller still holds what the decision saw (the bus reads it right before
+the write): a panel change made meanwhile is decided on again, never written over. Before
+the write goes out it is recorded as pending, in the store's sync record too, so that a
+write whose answer never came, or one a former active made before it was cut off, is never
+taken for a panel change later (`decisions.settled`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from agent.controller.interface import (
     ControllerState,
     ControllerUnavailable,
     Limits,
+    NotSent,
+    ReadingChanged,
     WriteNotAllowed,
 )
 from agent.protocol.hlc import Hlc
@@ -47,12 +56,15 @@ from agent.sync.decisions import (
     Reject,
     Synced,
 )
-from agent.sync.record import InvalidRecord, encode_record, parse_record
+from agent.sync.record import InvalidRecord, SyncRecord, encode_record, parse_full_record
 from agent.sync.state_file import StateFile
 
 SEEN_WHILE_STANDBY = 64
 """Set point values kept while standby, newest last (see `decisions.takeover_base`)."""
 _FENCE_ATTEMPTS = 3
+_DECIDE_AGAIN = 3
+"""How often a remote change is decided anew on a newer reading before it waits for the
+next event."""
 _WHAT_A_REFUSAL_COSTS = {
     "write": "changes made at the controller are not published",
     "read": "the device is not kept in sync",
@@ -76,6 +88,8 @@ class SyncStatus:
     synced_at: float | None = None  # wall clock, seconds
     controller: str = "ok"  # ok | unavailable | error
     counters: SyncCounters = field(default_factory=SyncCounters)
+    pending: tuple[Synced, ...] = ()
+    """Remote changes written (or about to be) to the controller, not yet confirmed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,20 +119,25 @@ class DeviceSync:
         self.lock = lock
         self.keys = keys
         self.state_file = state_file
-        self.status = SyncStatus(synced=state_file.load())
+        synced = state_file.load()
+        self.status = SyncStatus(
+            synced=synced, pending=decisions.still_pending(state_file.load_pending(), synced)
+        )
         self.log = log
         self._may_write = may_write
         self._busy = asyncio.Lock()
         self._seen: deque[Synced] = deque(maxlen=SEEN_WHILE_STANDBY)
         self.controller: Controller | None = None
         # The mailbox: the newest of each kind of work, and what wakes the worker.
-        self._remote: KeyChange | None = None
+        self._remote: tuple[float, KeyChange] | None = None  # (arrived, monotonic), change
         self._reading: tuple[float, ControllerState] | None = None
         self._reconcile_wanted = False
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
-        self._last_write_at = float("-inf")
         self._refused: set[str] = set()  # keys the broker's rules refuse us, said once
+        self._takeover: tuple[Synced | None, bytes | None, Hlc | None] | None = None
+        self.reconciled = asyncio.Event()
+        """Set once the device was reconciled after the takeover: it is served."""
 
     # ------------------------------------------------------------------ the mailbox
 
@@ -136,17 +155,19 @@ class DeviceSync:
     def remote_changed(self, change: KeyChange) -> None:
         """A change of the set point key, while active: applied by the worker (a newer one
         arriving first takes its place)."""
-        self._remote = change
+        self._remote = (time.monotonic(), change)
         self._wake.set()
 
-    def polled(self, state: ControllerState) -> None:
-        """A routine poll's reading: work only if it differs from the last synced value."""
+    def polled(self, state: ControllerState, at: float) -> None:
+        """A routine poll's reading, ended on the wire at `at` (monotonic): work only if it
+        differs from the last synced value."""
         if self.controller is None:
             return
         self.status.controller = "ok"
         if decisions.same(state.setpoint, self.status.synced.value):
             return
-        self._reading = (time.monotonic(), state)
+        if self._reading is None or at >= self._reading[0]:
+            self._reading = (at, state)
         self._wake.set()
 
     def reconcile_soon(self) -> None:
@@ -161,12 +182,16 @@ class DeviceSync:
             self._wake.clear()
             while self.controller is not None:
                 try:
-                    if self._reconcile_wanted:
+                    if self._takeover is not None:
+                        (record, store_raw, store_version), self._takeover = self._takeover, None
+                        await self._reconcile_at_takeover(record, store_raw, store_version)
+                        self.reconciled.set()
+                    elif self._reconcile_wanted:
                         self._reconcile_wanted = False
                         await self.reconcile()
                     elif self._remote is not None:
-                        change, self._remote = self._remote, None
-                        await self.on_remote_change(change)
+                        (arrived, change), self._remote = self._remote, None
+                        await self.on_remote_change(change, arrived)
                     elif self._reading is not None:
                         (at, state), self._reading = self._reading, None
                         await self._on_reading(at, state)
@@ -192,45 +217,75 @@ class DeviceSync:
         record = self._parse_record(value)
         if record is None:
             return
-        synced = decisions.newer(self.status.synced, record)
-        if synced != self.status.synced:
-            self.status.synced = synced
-            await self._save_locally(synced)
+        synced = decisions.newer(self.status.synced, record.synced)
+        pending = decisions.still_pending((*self.status.pending, *record.pending), synced)
+        if (synced, pending) != (self.status.synced, self.status.pending):
+            self.status.synced, self.status.pending = synced, pending
+            await self._save_locally()
 
     # ------------------------------------------------------------------ taking over
 
-    async def take_over(self, controller: Controller) -> None:
-        """Holds the controller from now on, and brings the three together: what the former
-        active last had on the controller (its record, or a value seen in the store since),
-        the store, and the controller."""
+    async def take_over(self, controller: Controller) -> bool:
+        """Holds the controller from now on: reads the sync record, the set point and the
+        line's name, each written back with this instance's token (the fence), and leaves
+        the device to be reconciled by its worker, once `start()`ed (`reconciled` is set
+        then). True if the store showed a remote change the former active never applied
+        (a device to reconcile first); False also when the store could not be read."""
         self.controller = controller
+        self.reconciled.clear()
+        try:
+            (record_raw, _), (store_raw, store_version), (line, _) = await asyncio.gather(
+                self._read_and_fence(self.keys.record, "write the sync record to"),
+                self._read_and_fence(self.keys.setpoint, "write"),
+                self._read_and_fence(self.keys.line, "write the line's name to"),
+            )
+        except (LockNotHeld, FencingTokenLowerVersion):
+            return False  # lost already: the lock says so
+        except (StateStoreError, SessionError) as exc:
+            self._store_failed(exc, self.keys.setpoint, "read")
+            self.reconcile_soon()
+            self.reconciled.set()
+            return False
+        if line != self.keys.line_id.encode():
+            await self._name_the_line()
+        record = self._parse_record(record_raw)
+        if record is not None:
+            self.status.pending = decisions.still_pending(
+                (*self.status.pending, *record.pending), self.status.synced
+            )
+        synced = self.status.synced if record is None else record.synced
+        self._takeover = (synced, store_raw, store_version)
+        self._wake.set()
+        return store_version is not None and (
+            synced.version is None or store_version > synced.version
+        )
+
+    async def _reconcile_at_takeover(
+        self, record: Synced | None, store_raw: bytes | None, store_version: Hlc | None
+    ) -> None:
+        """Brings the three together: what the former active last had on the controller
+        (its record, a write of its still pending, or a value seen in the store since), the
+        store, and the controller."""
+        seen = [*self._seen, *self.status.pending]
+
+        def decide(controller_value: float) -> Decision:
+            base = decisions.takeover_base(self.status.synced, record, seen, controller_value)
+            if base != self.status.synced:
+                self.log.info("takeover: the former active last synced %s", base.value)
+                self.status.synced = base
+            return decisions.reconcile(
+                base, store_raw, store_version, controller_value, self._limits()
+            )
+
         async with self._busy:
+            # Read again inside the operation: the fence's reading may be old by now (a
+            # remote change made since must not be taken for an empty or older store).
             try:
-                (record_raw, _), (store_raw, store_version), (line, _) = await asyncio.gather(
-                    self._read_and_fence(self.keys.record, "write the sync record to"),
-                    self._read_and_fence(self.keys.setpoint, "write"),
-                    self._read_and_fence(self.keys.line, "write the line's name to"),
-                )
-            except (LockNotHeld, FencingTokenLowerVersion):
-                return  # lost already: the lock says so
+                store_raw, store_version = await self.client.get(self.keys.setpoint)
             except (StateStoreError, SessionError) as exc:
                 self._store_failed(exc, self.keys.setpoint, "read")
                 self.reconcile_soon()
                 return
-            if line != self.keys.line_id.encode():
-                await self._name_the_line()
-            record = self._parse_record(record_raw)
-            seen = list(self._seen)
-
-            def decide(controller_value: float) -> Decision:
-                base = decisions.takeover_base(self.status.synced, record, seen, controller_value)
-                if base != self.status.synced:
-                    self.log.info("takeover: the former active last synced %s", base.value)
-                    self.status.synced = base
-                return decisions.reconcile(
-                    base, store_raw, store_version, controller_value, self._limits()
-                )
-
             await self._run_locked("takeover", decide)
         self._seen.clear()
 
@@ -259,11 +314,15 @@ class DeviceSync:
         active reconciles)."""
         controller, self.controller = self.controller, None
         self._remote, self._reading, self._reconcile_wanted = None, None, False
+        self._takeover = None
+        self.reconciled.clear()
         return controller
 
     # ------------------------------------------------------------------ events (active)
 
-    async def on_remote_change(self, change: KeyChange) -> None:
+    async def on_remote_change(self, change: KeyChange, arrived: float | None = None) -> None:
+        """A change of the set point key; `arrived` (monotonic) when it reached the agent:
+        a reading taken since then may stand for a fresh read of the controller."""
         value, version = change.value, change.version
         if value is None or version is None:
             # A delete, or a change found without its version: compare the three anew
@@ -272,12 +331,14 @@ class DeviceSync:
                 self.log.info("set point key deleted in the store: publishing it again")
             await self.reconcile()
             return
-        await self._run(
-            "remote change",
-            lambda controller: decisions.on_remote_change(
-                self.status.synced, value, version, controller, self._limits()
-            ),
-        )
+        async with self._busy:
+            await self._run_locked(
+                "remote change",
+                lambda controller: decisions.on_remote_change(
+                    self.status.synced, value, version, controller, self._limits()
+                ),
+                since=time.monotonic() if arrived is None else arrived,
+            )
 
     async def poll(self) -> None:
         """Reads the controller now (urgent) and publishes a local change."""
@@ -285,12 +346,15 @@ class DeviceSync:
 
     async def _on_reading(self, at: float, state: ControllerState) -> None:
         async with self._busy:
-            if at < self._last_write_at:
-                return  # read before our last write: stale
-            if self.controller is None or not self._may_write():
+            controller = self.controller
+            if controller is None or not self._may_write():
                 return
+            written = controller.last_write_at
+            if written is not None and at < written:
+                return  # read before our last write went out: stale
+            await self._settle(state.setpoint)
             decision = decisions.on_poll(self.status.synced, state.setpoint)
-            await self._carry_out("poll", decision)
+            await self._carry_out("poll", decision, state.setpoint, at)
 
     async def reconcile(self) -> None:
         async with self._busy:
@@ -322,11 +386,11 @@ class DeviceSync:
         assert limits is not None
         return limits
 
-    def _parse_record(self, raw: bytes | None) -> Synced | None:
+    def _parse_record(self, raw: bytes | None) -> SyncRecord | None:
         if raw is None:
             return None
         try:
-            return parse_record(raw)
+            return parse_full_record(raw)
         except InvalidRecord as exc:
             self.log.warning("ignoring the sync record in %s: %s", self.keys.record, exc)
             return None
@@ -335,13 +399,25 @@ class DeviceSync:
         async with self._busy:
             await self._run_locked(what, decide)
 
-    async def _run_locked(self, what: str, decide: Callable[[float], Decision]) -> None:
+    async def _run_locked(
+        self, what: str, decide: Callable[[float], Decision], *, since: float | None = None
+    ) -> None:
+        """Reads the controller (or takes its newest reading, if taken after `since`),
+        decides and carries the decision out; a write goes out only if the unit still holds
+        what the decision saw, and one that finds it changed is decided again on the new
+        reading."""
         controller = self.controller
         if controller is None or not self._may_write():
             return
+        started = time.monotonic() if since is None else since
+        state = controller.last_state
+        state_at = controller.last_state_at
+        if state_at is None or state_at < started:
+            state = None
         try:
-            # The whole state in one exchange: telemetry reports it too.
-            controller_value = (await controller.read_state()).setpoint
+            if state is None:
+                # The whole state in one exchange: telemetry reports it too.
+                state = await controller.read_state()
             if controller.limits is None:
                 await controller.read_limits()
         except ControllerFault as exc:
@@ -349,10 +425,34 @@ class DeviceSync:
             self.log.debug("%s: controller not readable: %s", what, exc)
             return
         self.status.controller = "ok"
-        decision = decide(controller_value)
-        await self._carry_out(what, decision)
+        for _ in range(_DECIDE_AGAIN):
+            await self._settle(state.setpoint)
+            changed = await self._carry_out(what, decide(state.setpoint), state.setpoint, started)
+            if changed is None or self.controller is None or not self._may_write():
+                return
+            self.log.info(
+                "%s: the controller changed to %s before the write went out: deciding again",
+                what,
+                changed.setpoint,
+            )
+            state = changed
 
-    async def _carry_out(self, what: str, decision: Decision) -> None:
+    async def _settle(self, controller_value: float) -> None:
+        """A controller that holds a write of ours still pending holds our write, not a
+        panel change: synced at that write's version from now on."""
+        base = decisions.settled(self.status.synced, self.status.pending, controller_value)
+        if base != self.status.synced and base.value is not None:
+            self.log.info(
+                "the controller holds %s, written by the agent (version %s): synced",
+                base.value,
+                base.version,
+            )
+            await self._record(base.value, base.version)
+
+    async def _carry_out(
+        self, what: str, decision: Decision, controller_value: float, read_after: float
+    ) -> ControllerState | None:
+        """Carries out `decision`; the newest reading if a write found the unit changed."""
         if isinstance(decision, Ignore):
             self.log.debug("%s: %s", what, decision.reason)
         elif isinstance(decision, Reject):
@@ -363,25 +463,45 @@ class DeviceSync:
         elif isinstance(decision, Record):
             await self._record(decision.value, decision.version)
         elif isinstance(decision, PublishToStore):
-            await self._publish(decision.value, decision.reason)
+            await self._publish(
+                decision.value, decision.reason, only_if_absent=decision.only_if_absent
+            )
         elif isinstance(decision, ApplyToController):
-            await self._apply(decision)
+            return await self._apply(decision, controller_value, read_after)
+        return None
 
-    async def _apply(self, decision: ApplyToController) -> None:
+    async def _apply(
+        self, decision: ApplyToController, controller_value: float, read_after: float
+    ) -> ControllerState | None:
         assert self.controller is not None
+        intent = Synced(decision.value, decision.version)
+        pending = decisions.still_pending((*self.status.pending, intent), self.status.synced)
+        # The write is recorded before it goes out: a write whose answer never comes, or
+        # one this instance makes just before it is cut off, is known to be the agent's.
+        if not await self._write_record(self.status.synced, pending):
+            self.log.info("write of %s held back: its pending record was not written", intent.value)
+            return None
+        self.status.pending = pending
+        await self._save_locally()
         try:
-            readback = await self.controller.write_setpoint(decision.value, allowed=self._may_write)
-        except WriteNotAllowed:
-            self.log.info("write of %s withdrawn: no longer active", decision.value)
-            return
+            readback = await self.controller.write_setpoint(
+                decision.value,
+                allowed=self._may_write,
+                expected=controller_value,
+                fresh_after=read_after,
+            )
+        except ReadingChanged as exc:
+            self._forget_pending(intent)
+            return exc.state
+        except (WriteNotAllowed, NotSent) as exc:
+            self._forget_pending(intent)  # nothing went out
+            self.log.info("write of %s not sent: %s", decision.value, exc)
+            return None
         except ControllerFault as exc:
-            # It may have reached the controller all the same: readings from before now
-            # cannot tell a local change any more.
-            self._last_write_at = time.monotonic()
+            # It may have reached the controller all the same: it stays pending.
             self._controller_fault(exc)
             self.log.warning("could not apply set point %s: %s", decision.value, exc)
-            return
-        self._last_write_at = time.monotonic()
+            return None
         self.log.info(
             "applied remote set point %s to the controller (version %s)",
             readback,
@@ -390,13 +510,19 @@ class DeviceSync:
         await self._record(readback, decision.version)
         if decision.correct_store or not decisions.same(readback, decision.value):
             await self._publish(readback, "the controller keeps a rounded value")
+        return None
 
-    async def _publish(self, value: float, reason: str) -> None:
+    def _forget_pending(self, intent: Synced) -> None:
+        self.status.pending = tuple(p for p in self.status.pending if p != intent)
+
+    async def _publish(self, value: float, reason: str, *, only_if_absent: bool = False) -> None:
         if not self._may_write():
             return
         try:
             result = await self.lock.fenced_set(
-                self.keys.setpoint, decisions.encode_setpoint(value)
+                self.keys.setpoint,
+                decisions.encode_setpoint(value),
+                condition=Condition.NX if only_if_absent else None,
             )
         except FencingTokenLowerVersion:
             self.status.counters.fenced_writes_rejected += 1
@@ -408,6 +534,11 @@ class DeviceSync:
             self._store_failed(exc, self.keys.setpoint, "write")
             return
         self._store_allowed(self.keys.setpoint)
+        if not result.applied:
+            # Written meanwhile (a remote change to an empty store): compare anew.
+            self.log.info("set point %s not published: the store has one now", value)
+            self.reconcile_soon()
+            return
         self.log.info(
             "published set point %s to the store (%s, version %s)", value, reason, result.version
         )
@@ -456,25 +587,38 @@ class DeviceSync:
         """Both sides agree on `value` at `version`: remember it, on disk and in the store
         (the sync record, for whoever takes over next)."""
         synced = Synced(value, version)
-        if synced == self.status.synced:
+        pending = decisions.still_pending(self.status.pending, synced)
+        if (synced, pending) == (self.status.synced, self.status.pending):
             return
-        self.status.synced = synced
+        self.status.synced, self.status.pending = synced, pending
         self.status.synced_at = time.time()
-        await self._save_locally(synced)
-        if version is None or not self._may_write():
-            return
+        await self._save_locally()
+        if version is not None:
+            await self._write_record(synced, pending)
+
+    async def _write_record(self, synced: Synced, pending: tuple[Synced, ...]) -> bool:
+        """The sync record in the store, fenced; True once the store has it."""
+        if not self._may_write():
+            return False
+        if synced.value is None or synced.version is None:
+            # Nothing synced yet (a first run): a record of the pending writes alone
+            # cannot be written, so a write in doubt is known to this instance only.
+            return True
         try:
-            await self.lock.fenced_set(self.keys.record, encode_record(synced))
+            await self.lock.fenced_set(self.keys.record, encode_record(synced, pending))
         except FencingTokenLowerVersion:
             self.status.counters.fenced_writes_rejected += 1
             self.log.warning("store refused our sync record: a newer active wrote")
+            return False
         except LockNotHeld:
-            pass
+            return False
         except (StateStoreError, SessionError) as exc:
             self._store_failed(exc, self.keys.record, "write the sync record to")
+            return isinstance(exc, NotAuthorized)  # the rules refuse it: nobody reads it
+        return True
 
-    async def _save_locally(self, synced: Synced) -> None:
+    async def _save_locally(self) -> None:
         try:
-            await self.state_file.store(synced)
+            await self.state_file.store(self.status.synced, self.status.pending)
         except OSError as exc:
             self.log.warning("could not save the synced state: %s", exc)

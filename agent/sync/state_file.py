@@ -21,13 +21,26 @@ class StateFile:
         self.path = directory / f"{device_id}.synced.json"
         self._writing: asyncio.Lock | None = None
 
-    async def store(self, synced: Synced) -> None:
+    async def store(self, synced: Synced, pending: tuple[Synced, ...] = ()) -> None:
         """`save()` on a worker thread: its fsyncs can take long on slow flash, and the
         event loop renews the lease. One write at a time, in the order asked."""
         if self._writing is None:
             self._writing = asyncio.Lock()
         async with self._writing:
-            await asyncio.to_thread(self.save, synced)
+            await asyncio.to_thread(self.save, synced, pending)
+
+    def load_pending(self) -> tuple[Synced, ...]:
+        """The writes to the controller that were in doubt when the file was written."""
+        try:
+            entries = json.loads(self.path.read_text()).get("pending", [])
+            return tuple(
+                Synced(float(entry["value"]), Hlc.parse(entry["version"])) for entry in entries
+            )
+        except FileNotFoundError:
+            return ()
+        except (OSError, ValueError, TypeError, AttributeError, KeyError, HlcError) as exc:
+            log.warning("ignoring the pending writes in %s: %s", self.path, exc)
+            return ()
 
     def load(self) -> Synced:
         try:
@@ -45,11 +58,15 @@ class StateFile:
             log.warning("ignoring unreadable state file %s: %s", self.path, exc)
             return Synced()
 
-    def save(self, synced: Synced) -> None:
-        data = {
+    def save(self, synced: Synced, pending: tuple[Synced, ...] = ()) -> None:
+        data: dict[str, object] = {
             "value": synced.value,
             "version": None if synced.version is None else str(synced.version),
         }
+        if pending:
+            data["pending"] = [
+                {"value": write.value, "version": str(write.version)} for write in pending
+            ]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".synced-", suffix=".tmp")
         try:

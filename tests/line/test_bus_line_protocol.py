@@ -521,7 +521,7 @@ async def test_routine_polls_go_to_the_reading_handler(device: FakeDevice) -> No
     readings: list[tuple[str, ControllerState]] = []
     got = asyncio.Event()
 
-    def on_reading(name: str, state: ControllerState) -> None:
+    def on_reading(name: str, state: ControllerState, at: float) -> None:
         readings.append((name, state))
         if len(readings) >= 3:
             got.set()

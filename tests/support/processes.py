@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -9,9 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Sequence
 
 READY_URL = re.compile(r"mqtt://([^:\s]+):(\d+)")
+
+LIVE: weakref.WeakSet[AgentProcess] = weakref.WeakSet()
+"""The processes of the test running now: a failed test shows what they said."""
 
 
 class AgentProcess:
@@ -35,6 +40,15 @@ class AgentProcess:
         self.lines: list[str] = []
         self._seen = 0  # lines already matched by wait_for_new()
         self._partial = b""
+        LIVE.add(self)
+
+    def tail(self, lines: int = int(os.environ.get("TEST_AGENT_TAIL", "60"))) -> str:
+        """What it wrote last, for a failed test's report."""
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            with contextlib.suppress(OSError, ValueError):
+                self.drain()
+        env_name = " ".join(str(a) for a in self.proc.args[2:]) if self.proc.args else ""
+        return f"{env_name} (pid {self.proc.pid}):\n" + "".join(self.lines[-lines:])
 
     def wait_for(self, pattern: re.Pattern[str], timeout: float = 10.0) -> re.Match[str]:
         """The first line, of all read so far or to come, that matches."""

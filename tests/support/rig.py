@@ -35,6 +35,7 @@ STANDBY = re.compile(r"started as standby")
 STEPPED_DOWN = re.compile(r"stepped down to standby: (.*)")
 APPLIED = re.compile(r"applied remote set point (\S+)")
 PUBLISHED = re.compile(r"published set point (\S+)")
+RECONCILED = re.compile(r"line open: \d+ device\(s\) reconciled")
 
 
 class BackgroundLoop:
@@ -130,6 +131,8 @@ class Rig:
         ttl_s = int(extra.get("AGENT_LOCK__TTL_MS", self.ttl_ms)) / 1000
         token = process.wait_for_new(ACTIVE, timeout=10 + ttl_s).group(1)
         process.wait_for_new(re.compile("started as active"))
+        # Active before its devices are reconciled: the tests start from a settled line.
+        process.wait_for(RECONCILED)
         return process, token
 
     # ------------------------------------------------------------------ the store

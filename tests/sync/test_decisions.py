@@ -21,6 +21,8 @@ from agent.sync.decisions import (
     on_remote_change,
     parse_setpoint,
     reconcile,
+    settled,
+    still_pending,
 )
 
 LIMITS = Limits(5.0, 35.0, 0.5)
@@ -165,5 +167,39 @@ def test_reconcile_never_loses_a_local_change(
 ) -> None:
     decision = reconcile(synced, raw, version if raw else None, controller, LIMITS)
     if synced.value is not None and controller != synced.value:
-        assert decision == PublishToStore(controller, decision.reason)  # type: ignore[union-attr]
+        assert isinstance(decision, PublishToStore) and decision.value == controller
+        # Published over whatever the store holds, except over nothing: a remote change
+        # written to an empty store meanwhile is applied instead.
+        assert decision.only_if_absent == (raw is None)
     assert not (isinstance(decision, ApplyToController) and raw in (b"99.0", b"x"))
+
+
+# ------------------------------------------------------------------ writes in doubt
+
+
+def test_a_controller_holding_a_pending_write_holds_the_agents_write() -> None:
+    synced = Synced(20.0, V1)
+    pending = (Synced(22.0, V2),)
+    assert settled(synced, pending, 22.0) == Synced(22.0, V2)
+    assert settled(synced, pending, 20.0) == synced  # the write never reached it
+    assert settled(synced, pending, 24.5) == synced  # a panel change
+    # The newest of several pending writes of the same value.
+    assert settled(synced, (Synced(22.0, V2), Synced(22.0, V3)), 22.0) == Synced(22.0, V3)
+    # Pending writes older than the sync are settled already.
+    assert settled(Synced(20.0, V3), (Synced(22.0, V2),), 22.0) == Synced(20.0, V3)
+
+
+def test_a_write_in_doubt_then_newer_remote_changes_is_no_panel_change() -> None:
+    # 22 (version 2) was written and its answer never came; the unit was quarantined while
+    # 23 (version 3) was accepted. The unit answers again, holding 22.
+    synced, pending = Synced(20.0, V1), (Synced(22.0, V2),)
+    base = settled(synced, pending, 22.0)
+    assert reconcile(base, b"23.0", V3, 22.0, LIMITS) == ApplyToController(23.0, V3)
+    # Taken as a panel change, it would have been published over 23.
+    assert isinstance(reconcile(synced, b"23.0", V3, 22.0, LIMITS), PublishToStore)
+
+
+def test_pending_writes_are_bounded_and_pruned_by_a_sync() -> None:
+    writes = tuple(Synced(20.0 + n, Hlc(1000 + n, 0, "s")) for n in range(10))
+    assert still_pending(writes, Synced()) == writes[-4:]
+    assert still_pending(writes, Synced(25.0, Hlc(1005, 0, "s"))) == writes[6:]
