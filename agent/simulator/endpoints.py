@@ -46,7 +46,7 @@ class ServedLine(Protocol):
     @property
     def unplugged(self) -> bool: ...
 
-    def connection_id(self) -> str: ...
+    def connection_id(self, port: str = "tcp") -> str: ...
 
     def transact(
         self, client: str, channel: str, frame: bytes | None, send: Callable[[bytes], None]
@@ -107,15 +107,17 @@ class PtyEndpoint:
 class _TcpServer:
     """A TCP server of the line; each connection is served by `_client`."""
 
-    def __init__(self, line: ServedLine, server: asyncio.Server) -> None:
+    def __init__(self, line: ServedLine, server: asyncio.Server, name: str = "tcp") -> None:
         self.line = line
+        self.name = name
+        """Names the port's connections in the line's records (`<name>-<n>`)."""
         self.server = server
         self.port: int = server.sockets[0].getsockname()[1]
         self.writers: set[asyncio.StreamWriter] = set()
         self.handlers: set[asyncio.Task[object]] = set()
 
     @classmethod
-    async def listen(cls, line: ServedLine, host: str, port: int) -> Self:
+    async def listen(cls, line: ServedLine, host: str, port: int, name: str = "tcp") -> Self:
         endpoint: Self | None = None
 
         async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -129,7 +131,7 @@ class _TcpServer:
                 endpoint.handlers.discard(handler)
 
         server = await asyncio.start_server(client, host, port)
-        endpoint = cls(line, server)
+        endpoint = cls(line, server, name)
         return endpoint
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -156,7 +158,7 @@ class TcpEndpoint(_TcpServer):
             writer.close()
             return
         self.writers.add(writer)
-        client = self.line.connection_id()
+        client = self.line.connection_id(self.name)
         splitter = self.line.wire.splitter()
 
         def send(reply: bytes) -> None:

@@ -78,6 +78,18 @@ class RequestRecord:
     bus with two masters, a collision."""
     seq: int
     """1 for the first request on the line, counting on past the records dropped."""
+    request_s: float = 0.0
+    """How long the request's own bytes held the line (emulated line time)."""
+
+    @property
+    def ended_at(self) -> float:
+        """When the transaction's last byte left the line: the reply's, or the request's."""
+        return self.at + self.busy_s
+
+    @property
+    def request_ended_at(self) -> float:
+        """When the master's last byte of the request was on the line."""
+        return self.at + self.request_s
 
 
 @dataclass
@@ -258,6 +270,8 @@ class FakeLine:
         self._pty: PtyEndpoint | None = None
         self._tcp_port: int | None = None
         self._tcp: TcpEndpoint | None = None
+        self._named_ports: dict[str, int] = {}
+        self._named: dict[str, TcpEndpoint] = {}
         self._panel: PanelEndpoint | None = None
         self._replug: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -335,11 +349,11 @@ class FakeLine:
 
     # --- the medium -------------------------------------------------------------------------
 
-    def connection_id(self) -> str:
-        """A name for a new TCP connection on the device line."""
+    def connection_id(self, port: str = "tcp") -> str:
+        """A name for a new TCP connection on the device line, after its port's name."""
         self._connection_ids += 1
         self.counters.connections += 1
-        return f"tcp-{self._connection_ids}"
+        return f"{port}-{self._connection_ids}"
 
     async def transact(
         self, client: str, channel: str, frame: bytes | None, send: _SendReply
@@ -393,9 +407,11 @@ class FakeLine:
             reply = line_faults.mangle(reply, damage)
             slow = unit.faults.slow_s + line_faults.slow_s
         busy = slow
+        request_s = 0.0
         if self.emulate_baud:
-            size = self.wire.request_size(frame) + (len(reply) if reply is not None else 0)
-            busy += size * self.wire.bits_per_char / self.emulate_baud
+            char_s = self.wire.bits_per_char / self.emulate_baud
+            request_s = self.wire.request_size(frame) * char_s
+            busy += request_s + (len(reply) if reply is not None else 0) * char_s
         counters = self.counters
         counters.requests += 1
         if reply is not None:
@@ -417,6 +433,7 @@ class FakeLine:
                 waited_s=waited,
                 other_client=other,
                 seq=counters.requests,
+                request_s=request_s,
             )
         )
         self.notify()
@@ -471,7 +488,7 @@ class FakeLine:
     ) -> Self:
         """Serve the device line on a pty (symlink at pty_link) and/or TCP, and the
         panel on TCP. Port 0 picks a free port."""
-        if pty_link is None and tcp_port is None:
+        if pty_link is None and tcp_port is None and panel_port is None:
             raise ValueError("give the device a pty link, a TCP port, or both")
         self._changed = asyncio.Event()
         self._started = True
@@ -522,14 +539,31 @@ class FakeLine:
     ) -> None:
         await self.stop()
 
+    async def open_port(self, name: str) -> str:
+        """Another TCP port onto the same line (a serial device server with a port per
+        master), whose connections the records name `<name>-<n>`: who sent what is known
+        from the wire alone. Its socket:// URL; the same port again for the same name."""
+        if not self._started:
+            raise RuntimeError("start the line first")
+        if name in self._named:
+            return f"socket://{self.host}:{self._named_ports[name]}"
+        endpoint = await TcpEndpoint.listen(
+            self, self.host, self._named_ports.get(name, 0), name=name
+        )
+        self._named[name] = endpoint
+        self._named_ports[name] = endpoint.port
+        return f"socket://{self.host}:{endpoint.port}"
+
     async def _unplug(self) -> None:
         # Detached before the awaits: a replug meanwhile makes new endpoints.
         pty, self._pty = self._pty, None
         tcp, self._tcp = self._tcp, None
+        named, self._named = self._named, {}
         if pty is not None:
             await pty.close()
-        if tcp is not None:
-            await tcp.close()
+        for endpoint in [tcp, *named.values()]:
+            if endpoint is not None:
+                await endpoint.close()
         self.notify()
 
     async def _plug(self) -> None:
@@ -542,6 +576,9 @@ class FakeLine:
                 self._pty = PtyEndpoint(self, self._pty_link)
             if self._tcp_port is not None and self._tcp is None:
                 self._tcp = await TcpEndpoint.listen(self, self.host, self._tcp_port)
+            for name, port in self._named_ports.items():
+                if name not in self._named:
+                    self._named[name] = await TcpEndpoint.listen(self, self.host, port, name=name)
         except OSError:
             log.exception("fake line: could not come back")
             return

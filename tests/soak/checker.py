@@ -2,10 +2,13 @@
 store saw, never from what the agents say about themselves.
 
 Fed with:
-- the fake line's records (every request on the device line: when, on which connection),
-  and each unit's writes and panel changes (when, what value);
+- the fake line's records (every request on the device line: when its first byte and the
+  transaction's last byte were on the line, on which connection, of which instance: each
+  instance reaches the line through a port of its own), and each unit's writes and panel
+  changes (when, what value);
 - the store's own record of every request it handled (a hook on the pure store: client,
-  command, key, value, fencing token, whether it was accepted, and the version it gave).
+  command, key, value, fencing token, expiry, whether it was accepted, and the version it
+  gave).
 
 Checks:
 1. One master on the line: no two connections drive it at once (their spans of requests
@@ -16,6 +19,10 @@ Checks:
    published; an agent publishes only what a panel change made (or a value the store lost,
    again); a remote change the store accepted ends up at the controller unless a later
    change took its place; and when the faults stop, every controller and its key agree.
+4. Every byte on the wire within a lease: each transaction an instance put on the line
+   (its request's first byte to the transaction's last byte) lies within a lease of the
+   line's lock that the store granted that instance (from the grant to its expiry, renewals
+   extending it, a release ending it), by the store's own record, not the agents' logs.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 
 AGENT_PREFIX = "agent-"
 READS = frozenset({"GET STATE", "GET SP", "READ HOLDING", "READ INPUT"})
+WRITES = frozenset({"SET SP", "WRITE", "WRITE MULTIPLE"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,16 +47,23 @@ class StoreEvent:
     token: str | None
     accepted: bool
     version: str | None
+    expiry_ms: int | None = None
+    """The write's PX: the key expires that long after `at`."""
 
 
 @dataclass(frozen=True, slots=True)
 class LineEvent:
     at: float
+    """When the request's first byte was on the line."""
     client: str
     address: int | None
     kind: str
     value: float | None
     collision: bool
+    ended: float | None = None
+    """When the transaction's last byte was (None: at `at`)."""
+    instance: str | None = None
+    """The instance whose port it came on (None: not known)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +91,8 @@ class Checker:
     wiped_at: list[float] = field(default_factory=list)
     """When the store forgot its contents."""
     violations: list[Violation] = field(default_factory=list)
+    checked: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """What each check looked at, for the summary."""
     lost: int = 0
     raced: int = 0
     """Panel changes made between an agent's read and its write of the same unit."""
@@ -124,6 +141,52 @@ class Checker:
                     f"{event.client} wrote {event.key!r} with {event.token} after {newer[0]} "
                     "held the lock",
                 )
+
+    # ------------------------------------------------------------------ 4. within a lease
+
+    def leases(self) -> dict[str, list[tuple[float, float]]]:
+        """Each instance's leases of the lock, as the store granted them: (from, until)."""
+        leases: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for event in self.store:
+            if event.key != self.lock_key or not event.accepted:
+                continue
+            if event.command == "SET" and event.value is not None and event.expiry_ms:
+                holder = event.value.split(b"#")[0].decode(errors="replace")
+                until = event.at + event.expiry_ms / 1000
+                spans = leases[holder]
+                if spans and spans[-1][0] <= event.at <= spans[-1][1]:
+                    spans[-1] = (spans[-1][0], max(spans[-1][1], until))  # a renewal
+                else:
+                    spans.append((event.at, until))
+            elif event.command in ("DEL", "VDEL"):
+                for spans in leases.values():
+                    if spans and spans[-1][0] <= event.at < spans[-1][1]:
+                        spans[-1] = (spans[-1][0], event.at)  # released
+        return leases
+
+    def check_wire(self) -> None:
+        leases = self.leases()
+        for event in self.line:
+            if event.instance is None:
+                continue
+            ended = event.at if event.ended is None else event.ended
+            self.checked["transactions on the wire"] += 1
+            if event.kind in WRITES:
+                self.checked["writes on the wire"] += 1
+            if any(start <= event.at and ended <= end for start, end in leases[event.instance]):
+                continue
+            nearest = min(
+                leases[event.instance] or [(float("nan"), float("nan"))],
+                key=lambda span: abs(span[1] - event.at),
+            )
+            self._violate(
+                "outside the lease",
+                event.at,
+                f"{event.instance} put {event.kind} (unit {event.address}) on the line from "
+                f"{event.at:.3f} to {ended:.3f}; its nearest lease ran {nearest[0]:.3f} to "
+                f"{nearest[1]:.3f}",
+            )
+        self.checked["leases granted"] = sum(len(spans) for spans in leases.values())
 
     # ------------------------------------------------------------------ 3. no lost change
 
@@ -245,6 +308,7 @@ class Checker:
             "violations_by_kind": dict(kinds),
             "lost": self.lost,
             "raced_panel_changes": self.raced,
+            "checked": dict(self.checked),
             "first_violations": [
                 f"{v.kind} at {v.at:.3f}: {v.detail}" for v in self.violations[:10]
             ],

@@ -114,3 +114,32 @@ def test_disagreement_at_the_end_is_a_loss() -> None:
     c = checker()
     c.check_changes({1: 20.0}, {1: b"21.0"})
     assert [x.kind for x in c.violations] == ["no agreement"] and c.lost == 1
+
+
+def lease(at: float, holder: bytes, px: int = 1000, command: str = "SET") -> StoreEvent:
+    return StoreEvent(at, "agent-l-x", command, LOCK, holder, None, True, v(int(at * 10)), px)
+
+
+def test_every_transaction_on_the_wire_lies_within_a_lease_the_store_granted() -> None:
+    c = checker()
+    c.store = [
+        lease(1.0, b"a#1"),
+        lease(1.5, b"a#1"),  # a renewal: a's lease now runs to 2.5
+        lease(2.0, b"a#1", command="VDEL"),  # released at 2.0
+        lease(3.0, b"b#2"),
+    ]
+    assert c.leases() == {"a": [(1.0, 2.0)], "b": [(3.0, 4.0)]}
+    c.line = [
+        LineEvent(1.2, "a-1", 1, "SET SP", 20.0, False, 1.25, "a"),  # inside
+        LineEvent(1.9, "a-1", 1, "SET SP", 21.0, False, 2.05, "a"),  # its last byte after
+        LineEvent(3.5, "b-2", 1, "GET STATE", None, False, 3.55, "b"),  # inside
+        LineEvent(4.5, "b-2", 1, "GET STATE", None, False, 4.55, "b"),  # after the expiry
+        LineEvent(0.5, "pty", 1, "GET STATE", None, False, 0.55, None),  # not an instance's
+    ]
+    c.check_wire()
+    assert [(x.kind, round(x.at, 1)) for x in c.violations] == [
+        ("outside the lease", 1.9),
+        ("outside the lease", 4.5),
+    ]
+    assert c.checked["transactions on the wire"] == 4
+    assert c.checked["writes on the wire"] == 2

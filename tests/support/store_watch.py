@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,11 @@ def watch_writes(store: StateStore, record: Callable[[StoreEvent], None]) -> Non
         command = args[0].upper().decode(errors="replace")
         if command in WRITES:
             reply = outcome.reply
+            upper = [arg.upper() for arg in args]
+            expiry = None
+            if b"PX" in upper[3:]:
+                with contextlib.suppress(ValueError, IndexError):
+                    expiry = int(args[upper.index(b"PX", 3) + 1])
             record(
                 StoreEvent(
                     at=time.monotonic(),
@@ -40,6 +46,7 @@ def watch_writes(store: StateStore, record: Callable[[StoreEvent], None]) -> Non
                     token=token,
                     accepted=reply.payload in ACCEPTED,
                     version=None if reply.timestamp is None else str(reply.timestamp),
+                    expiry_ms=expiry,
                 )
             )
         return outcome
