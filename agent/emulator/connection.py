@@ -25,13 +25,13 @@ from agent.emulator.authz import ClientIdentity
 from agent.emulator.disconnects import DisconnectReason
 from agent.emulator.host import ConnectionHost
 from agent.emulator.mqtt_packets import ReasonCode
+from agent.emulator.outbox import SHARED_FROM, Outbox
 from agent.emulator.tls import subject_of
 from agent.message import Message
 
 logger = logging.getLogger("agent.emulator.broker")
 
 _KEEPALIVE_GRACE: Final = 1.5  # the spec's "one and a half times the Keep Alive"
-_CLOSE_GRACE_S: Final = 2.0  # a closing socket whose peer reads nothing is aborted after this
 _DEFAULT_RECEIVE_MAXIMUM: Final = 65_535
 # A 3.1.1 CONNACK with return code 0x01 (unacceptable protocol version), which 3.1.1 and
 # 3.1 clients understand; an MQTT 5 CONNACK would be gibberish to them.
@@ -83,10 +83,7 @@ class Connection(asyncio.Protocol):
         self._pending: deque[_Pending] = deque()
         self._pending_bytes = 0
         self._next_packet_id = 1
-        self._out: list[bytes] = []
-        self._out_bytes = 0
-        self._flush_scheduled = False
-        self._output_blocked = False  # the transport asked us to stop writing
+        self._outbox = Outbox(self._loop)
         self._turn_scheduled = False  # packets left over for the next turn
         self.dropped = 0  # QoS 0 messages dropped because the client is not reading
 
@@ -103,7 +100,7 @@ class Connection(asyncio.Protocol):
             self._ended = True
             transport.abort()
             return
-        self._transport = transport
+        self._transport = self._outbox.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -137,7 +134,7 @@ class Connection(asyncio.Protocol):
             if tls is not None:
                 tls.abort()
             return
-        self._transport = tls
+        self._transport = self._outbox.transport = tls
         self.certificate_subject = subject_of(tls.get_extra_info("peercert"))
         self._tls_ready = True
         logger.debug("TLS from %s, client certificate %s", self.peer, self.certificate_subject)
@@ -158,7 +155,7 @@ class Connection(asyncio.Protocol):
                     self.peer,
                     str(error) or type(error).__name__,
                 )
-            self._transport = None
+            self._transport = self._outbox.transport = None
             self.end(DisconnectReason.PROTOCOL_ERROR, None)
         transport.abort()
         if not self.closed.done():
@@ -230,7 +227,7 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or self._ended or not self._tls_ready:
             return
-        if self._turn_scheduled or self._output_blocked:
+        if self._turn_scheduled or self._outbox.blocked:
             transport.pause_reading()
         else:
             transport.resume_reading()
@@ -238,17 +235,17 @@ class Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         # The client reads slower than we write: read nothing more from it either, so its
         # own requests cannot pile up answers (PUBACKs and all) in our write buffer.
-        self._output_blocked = True
+        self._outbox.pause()
         self._update_reading()
 
     def resume_writing(self) -> None:
-        self._output_blocked = False
+        self._outbox.resume()
         self._update_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._ended:
             self.end(DisconnectReason.DROPPED, None, publish_will=True)
-        self._transport = None
+        self._transport = self._outbox.transport = None
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -299,15 +296,7 @@ class Connection(asyncio.Protocol):
             self._transport.abort()
 
     def _close_transport(self) -> None:
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        self._flush()
-        transport.close()
-        if transport.get_write_buffer_size():
-            # close() waits for the buffer to drain: a client that reads nothing would keep
-            # it forever.
-            self._loop.call_later(_CLOSE_GRACE_S, transport.abort)
+        self._outbox.close()
 
     def _protocol_error(self, reason_code: int, why: str) -> None:
         logger.warning("closing %r: %s (reason 0x%02x)", self, why, reason_code)
@@ -347,31 +336,13 @@ class Connection(asyncio.Protocol):
 
     def queued_bytes(self) -> int:
         """What waits to be sent to this client: held for its window, and our buffers."""
-        transport = self._transport
-        buffered = transport.get_write_buffer_size() if transport is not None else 0
-        return self._pending_bytes + self._out_bytes + buffered
+        return self._pending_bytes + self._outbox.queued_bytes()
 
     def _send(self, packet: mp.Packet) -> None:
-        self._write_raw(mp.encode(packet))
+        self._outbox.write(mp.encode(packet))
 
     def _write_raw(self, data: bytes) -> None:
-        self._out.append(data)
-        self._out_bytes += len(data)
-        if not self._flush_scheduled:
-            # Batch everything produced in this loop iteration into one write.
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if not self._out:
-            return
-        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
-        self._out.clear()
-        self._out_bytes = 0
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.write(data)
+        self._outbox.write(data)
 
     # ---- input -------------------------------------------------------------------------------
 
@@ -643,35 +614,41 @@ class Connection(asyncio.Protocol):
                 logger.debug("%s: dropping expired message on %s", self.client_id, message.topic)
                 return
         packet_id = self._allocate_packet_id() if qos else None
-        data = mp.encode(
-            mp.Publish(
-                message.topic,
-                message.payload,
-                qos,
-                retain,
-                False,
-                packet_id,
-                mp.Properties(
-                    payload_format_indicator=message.payload_format_indicator,
-                    message_expiry_interval=expiry,
-                    content_type=message.content_type,
-                    response_topic=message.response_topic,
-                    correlation_data=message.correlation_data,
-                    user_properties=message.user_properties,
-                ),
-            )
+        packet = mp.Publish(
+            message.topic,
+            message.payload,
+            qos,
+            retain,
+            False,
+            packet_id,
+            mp.Properties(
+                payload_format_indicator=message.payload_format_indicator,
+                message_expiry_interval=expiry,
+                content_type=message.content_type,
+                response_topic=message.response_topic,
+                correlation_data=message.correlation_data,
+                user_properties=message.user_properties,
+            ),
         )
-        if len(data) > self._client_max_packet_size:
+        # A big payload is written from the message's own bytes, shared with every other
+        # client it goes to; a small one is joined to its head.
+        shared = len(message.payload) >= SHARED_FROM
+        data = mp.encode_publish_head(packet) if shared else mp.encode(packet)
+        size = len(data) + len(message.payload) if shared else len(data)
+        if size > self._client_max_packet_size:
             # The spec says to discard it as if delivered; the client could never accept it.
             logger.warning(
                 "%s: dropping %d-byte message over its maximum packet size",
                 self.client_id,
-                len(data),
+                size,
             )
             return
         if packet_id is not None:
             self._inflight.add(packet_id)
-        self._write_raw(data)
+        if shared:
+            self._outbox.write_shared(data, message.payload)
+        else:
+            self._outbox.write(data)
 
     def _allocate_packet_id(self) -> int:
         # The window is at most 65535 wide, so a free id always exists when we get here.

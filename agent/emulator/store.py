@@ -72,6 +72,14 @@ _WRITES = (b"SET", b"DEL", b"VDEL")
 _RESTORED_NODE = "~restored"
 
 
+@dataclass(slots=True)
+class _Watch:
+    """The registrations for one key name: the clients, in registration order."""
+
+    name: bytes
+    clients: dict[str, None] = field(default_factory=dict)  # an ordered set
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     payload: bytes
@@ -212,8 +220,9 @@ class StateStore:
         self._max_drift_ms = max_drift_ms
         self.journal = journal
         self._entries: dict[bytes, Entry] = {}
-        # key -> registered client ids, in registration order (dict as an ordered set)
-        self._watchers: dict[bytes, dict[str, None]] = {}
+        # key -> its registrations; every registration of a name refers to the one name
+        # object kept here (a key name may be as long as a packet), not to a copy of its own.
+        self._watchers: dict[bytes, _Watch] = {}
         self._watched_by: dict[str, set[bytes]] = {}
         # (deadline, key); stale when the key was rewritten or deleted since, skipped then.
         self._deadlines: list[tuple[int, bytes]] = []
@@ -315,8 +324,8 @@ class StateStore:
         for key in self._watched_by.pop(client_id, set()):
             watchers = self._watchers.get(key)
             if watchers is not None:
-                watchers.pop(client_id, None)
-                if not watchers:
+                watchers.clients.pop(client_id, None)
+                if not watchers.clients:
                     del self._watchers[key]
 
     # ------------------------------------------------------------------ internals
@@ -382,6 +391,16 @@ class StateStore:
         if token < entry.fencing_token:
             raise _Refused(errors.FENCING_TOKEN_LOWER_VERSION)
 
+    def _past_quota(self, key: bytes) -> bool:
+        """Whether holding the name ``key`` takes the store past its quota, which bounds the
+        names it holds: its keys, and the names registered for notification that are none."""
+        if self.quota is None or key in self._entries or key in self._watchers:
+            return False
+        held = len(self._entries)
+        if held + len(self._watchers) >= self.quota:  # counted exactly only near the quota
+            held += sum(1 for name in self._watchers if name not in self._entries)
+        return held >= self.quota
+
     def _set(self, key: bytes, value: bytes, options: _SetOptions, token: Hlc | None) -> Outcome:
         entry = self._entries.get(key)
         self._check_fencing(entry, token)
@@ -389,7 +408,7 @@ class StateStore:
             options.condition == b"NX" or (options.condition == b"NEX" and entry.value != value)
         ):
             return Outcome(Reply(encode_response(-1), entry.version))
-        if entry is None and self.quota is not None and len(self._entries) >= self.quota:
+        if entry is None and self._past_quota(key):
             raise _Refused(errors.QUOTA_EXCEEDED)
         version = self.clock.tick()
         stored_token = entry.fencing_token if entry is not None else None
@@ -404,9 +423,7 @@ class StateStore:
             heapq.heappush(self._deadlines, (expires, key))
         # Built only when someone watches the key: most SETs notify nobody.
         notifications = (
-            self._notify(key, Notification("SET", value), version)
-            if self._watchers.get(key)
-            else []
+            self._notify(key, Notification("SET", value), version) if key in self._watchers else []
         )
         return Outcome(Reply(_OK_REPLY, version), notifications)
 
@@ -434,23 +451,28 @@ class StateStore:
         return Outcome(Reply(encode_response(result), now))
 
     def _keynotify(self, client_id: str, key: bytes, *, stop: bool) -> Outcome:
-        now = self.clock.tick()
         watchers = self._watchers.get(key)
+        if not stop and watchers is None and self._past_quota(key):
+            raise _Refused(errors.QUOTA_EXCEEDED)
+        now = self.clock.tick()
         if stop:
-            if watchers is None or client_id not in watchers:
+            if watchers is None or client_id not in watchers.clients:
                 return Outcome(Reply(encode_response(0), now))
-            del watchers[client_id]
-            if not watchers:
+            del watchers.clients[client_id]
+            if not watchers.clients:
                 del self._watchers[key]
             self._watched_by[client_id].discard(key)
             return Outcome(Reply(encode_response(OK), now))
-        self._watchers.setdefault(key, {})[client_id] = None
-        self._watched_by.setdefault(client_id, set()).add(key)
+        if watchers is None:
+            watchers = self._watchers[key] = _Watch(key)
+        watchers.clients[client_id] = None
+        self._watched_by.setdefault(client_id, set()).add(watchers.name)
         return Outcome(Reply(encode_response(OK), now))
 
     def _notify(self, key: bytes, notification: Notification, ts: Hlc) -> list[KeyNotification]:
         watchers = self._watchers.get(key)
-        if not watchers:
+        if watchers is None:
             return []
+        # One payload for every watcher: the broker writes it from this one bytes object.
         payload = encode_notification(notification)
-        return [KeyNotification(client, key, payload, ts) for client in watchers]
+        return [KeyNotification(client, key, payload, ts) for client in watchers.clients]

@@ -433,3 +433,13 @@ def test_corrupted_packets_only_raise_malformed_packet(
         else:
             wire.insert(index, data.draw(st.integers(0, 255)))
     _assert_re_encodes(_decode_or_reject(bytes(wire)))
+
+
+@pytest.mark.parametrize("size", [0, 100, 20_000, 3_000_000])
+def test_a_publish_head_is_the_packet_up_to_its_payload(size: int) -> None:
+    """The lengths in the head count the payload sent after it."""
+    packet = mp.Publish(
+        "t/x", b"p" * size, 1, packet_id=9, properties=mp.Properties(content_type="c")
+    )
+    head = mp.encode_publish_head(packet)
+    assert head + packet.payload == mp.encode(packet)

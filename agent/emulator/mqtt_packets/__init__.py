@@ -51,7 +51,14 @@ from agent.emulator.mqtt_packets.properties import (
     Properties,
     encode_properties,
 )
-from agent.emulator.mqtt_packets.publish import Puback, Pubcomp, Publish, Pubrec, Pubrel
+from agent.emulator.mqtt_packets.publish import (
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    encode_publish_head,
+)
 from agent.emulator.mqtt_packets.stream import PacketReader
 from agent.emulator.mqtt_packets.subscribe import (
     Suback,
@@ -103,6 +110,7 @@ __all__ = [
     "decode_packet",
     "encode",
     "encode_properties",
+    "encode_publish_head",
     "encode_varint",
     "is_shared_subscription",
     "is_valid_topic_filter",

@@ -13,7 +13,14 @@ from typing import TypeAlias
 from agent.emulator.mqtt_packets.codes import PacketType, ReasonCode
 from agent.emulator.mqtt_packets.properties import Properties, decode_properties, encode_properties
 from agent.emulator.mqtt_packets.reader import _Cursor
-from agent.emulator.mqtt_packets.writer import _check_qos, _packet_id, _string, _uint, _with_header
+from agent.emulator.mqtt_packets.writer import (
+    _check_qos,
+    _packet_id,
+    _string,
+    _uint,
+    _with_header,
+    encode_varint,
+)
 
 
 @dataclass(slots=True)
@@ -78,6 +85,15 @@ def _decode_ack(cur: _Cursor, cls: _AckType) -> Puback | Pubrec | Pubrel | Pubco
 
 
 def _encode_publish(packet: Publish) -> bytes:
+    return encode_publish_head(packet) + packet.payload
+
+
+def encode_publish_head(packet: Publish) -> bytes:
+    """The bytes of a PUBLISH up to its payload: with the payload after them, the packet.
+
+    For a payload sent to many clients: each needs its own head (topic, packet id), and the
+    payload can be written after it without a copy joined to it.
+    """
     _check_qos(packet.qos)
     if packet.dup and not packet.qos:
         raise ValueError("DUP must not be set on QoS 0")
@@ -87,9 +103,9 @@ def _encode_publish(packet: Publish) -> bytes:
     elif packet.packet_id is not None:
         raise ValueError("QoS 0 PUBLISH has no packet identifier")
     parts.append(encode_properties(packet.properties, PacketType.PUBLISH))
-    parts.append(packet.payload)
+    head = b"".join(parts)
     first_byte = 0x30 | packet.dup << 3 | packet.qos << 1 | packet.retain
-    return _with_header(first_byte, b"".join(parts))
+    return bytes((first_byte,)) + encode_varint(len(head) + len(packet.payload)) + head
 
 
 def _encode_ack(
