@@ -43,13 +43,18 @@ def default_safety_margin_s(ttl_s: float) -> float:
     return min(max(0.05, ttl_s * 0.1), 1.0)
 
 
-def process_holder(instance_id: str) -> str:
+def process_nonce() -> str:
+    """A name for this process, unique in practice: eight hex digits."""
+    return secrets.token_hex(4)
+
+
+def process_holder(instance_id: str, nonce: str | None = None) -> str:
     """The lock value for this process: the instance id and a nonce of this process.
 
     Gateways cloned from one image can share an instance id; with the id alone as holder,
     NEX would take one's acquisition for the other's renewal and both would drive the line.
     """
-    return f"{instance_id}{HOLDER_SEPARATOR}{secrets.token_hex(4)}"
+    return f"{instance_id}{HOLDER_SEPARATOR}{nonce or process_nonce()}"
 
 
 HOLDER_SEPARATOR = "#"
@@ -94,6 +99,10 @@ class LeasedLock:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._loss_handlers: list[Callable[[LossReason], None]] = []
         self._doubted_at: float | None = None
+        self.last_sent_at: float | None = None
+        """The send time (monotonic) of the newest acquire or renewal."""
+        self.on_round_trip: Callable[[float], None] | None = None
+        """Told how long each answered acquire, renewal or read of the lock took."""
 
     # ------------------------------------------------------------------ state
 
@@ -149,9 +158,11 @@ class LeasedLock:
             raise ValueError("ttl_ms must be positive")
         epoch, sent_at = self._epoch, self._monotonic()
         self._unanswered_since = sent_at
+        self.last_sent_at = sent_at
         result = await self.client.set(
             self.key, self.holder, condition=Condition.NEX, expiry_ms=ttl_ms, timeout=timeout
         )
+        self._round_trip(sent_at)
         if self._unanswered_since == sent_at:
             self._unanswered_since = None
         if epoch != self._epoch:
@@ -188,8 +199,14 @@ class LeasedLock:
         return await self.client.vdelete(self.key, self.holder, timeout=timeout) == 1
 
     async def current_holder(self, *, timeout: float | None = None) -> bytes | None:
+        sent_at = self._monotonic()
         value, _ = await self.client.get(self.key, timeout=timeout)
+        self._round_trip(sent_at)
         return value
+
+    def _round_trip(self, sent_at: float) -> None:
+        if self.on_round_trip is not None:
+            self.on_round_trip(self._monotonic() - sent_at)
 
     async def observe(self, handler: ChangeHandler) -> bytes | None:
         """Watches the lock key (a DELETE means released or expired); returns the holder."""

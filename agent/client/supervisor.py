@@ -315,7 +315,7 @@ class Supervisor:
         connect_timeout = settings.connect_timeout_s
         if self.reconnect_ceiling is not None:
             # A black-holed attempt must not use up the time the ceiling is there to save.
-            connect_timeout = min(connect_timeout, max(1.0, 4 * self.reconnect_ceiling))
+            connect_timeout = min(connect_timeout, max(1.0, 2 * self.reconnect_ceiling))
         # The token file is read anew for every attempt (rotation), in a thread (file I/O).
         if settings.sat_file is not None:
             credentials = await asyncio.to_thread(read_credentials, settings)

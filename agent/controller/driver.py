@@ -140,6 +140,12 @@ class Driver(ABC):
         and the longest reply's line time."""
         return WRITE_TIMEOUT_S + self.timing.chars_s(request + longest_reply) + self.reply_timeout_s
 
+    @property
+    def longest_transaction_s(self) -> float:
+        """The longest any one transaction of this driver can take (what a lease must
+        cover for the gate to let it go)."""
+        return self.transaction_s(*self.poll_frame)
+
     def pass_gate(self, gate: Gate, lasts_s: float, what: str) -> None:
         """Step 2 of the contract: GateClosed unless the gate lets a transaction of
         `lasts_s` go now."""

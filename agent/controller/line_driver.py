@@ -34,6 +34,7 @@ TURNAROUND_S = 0.2
 POLL_REQUEST_BYTES = len(lp.encode_line("@247 GET STATE"))
 POLL_REPLY_BYTES = len(lp.encode_line("@247 STATE SP=35.0 T=-10.5 OUT=100 MODE=HEAT"))
 LONGEST_REPLY_BYTES = lp.MAX_LINE + len(lp.TERMINATOR)
+LONGEST_REQUEST_BYTES = len(lp.encode_line("@247 SET SP -10.55"))
 
 R = TypeVar("R", bound=lp.Reply)
 
@@ -81,6 +82,10 @@ class LineDriver(Driver):
     @property
     def poll_frame(self) -> tuple[int, int]:
         return POLL_REQUEST_BYTES, POLL_REPLY_BYTES
+
+    @property
+    def longest_transaction_s(self) -> float:
+        return self.transaction_s(LONGEST_REQUEST_BYTES, LONGEST_REPLY_BYTES)
 
     @property
     def worst_case_call_s(self) -> float:

@@ -105,6 +105,11 @@ class ModbusDriver(Driver):
     def poll_frame(self) -> tuple[int, int]:
         return POLL_REQUEST_BYTES, POLL_REPLY_BYTES
 
+    @property
+    def longest_transaction_s(self) -> float:
+        # A write of one register with function 16 is the longest request.
+        return self.transaction_s(11, LONGEST_REPLY_BYTES)
+
     # --- the port ---------------------------------------------------------------------
 
     def open(self) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.controller.driver import Driver, Gate, LinkLost, Unit, open_gate
+from agent.controller.driver import Driver, Gate, GateClosed, LinkLost, Unit, open_gate
 from agent.controller.interface import (
     Controller,
     ControllerError,
@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BACKOFF_INITIAL_S = 1.0
 DEFAULT_BACKOFF_MAX_S = 30.0
+GATE_RETRY_S = 0.01
+"""Urgent work the gate held back (the lease did not cover it yet) is tried again after
+this, while the master still drives the line: a renewal is on its way."""
 
 ReadingHandler = Callable[[str, ControllerState, float], None]
 ReadingFilter = Callable[[str, ControllerState], bool]
@@ -93,6 +96,7 @@ class Bus:
         reading_wanted: ReadingFilter | None = None,
         on_availability: AvailabilityHandler | None = None,
         gate: Gate = open_gate,
+        driving: Callable[[], bool] | None = None,
         **schedule_options: Any,
     ) -> None:
         """`reading_wanted(name, state)` is asked on the bus's thread for every routine
@@ -102,7 +106,9 @@ class Bus:
         byte, a read as much as a write (the driver's contract): a master that may no
         longer drive the line (its lease ended while it was paused, say, or would end
         before the transaction does) must not put a single frame on it, even before the
-        event loop has caught up and closed the bus. It must only read state."""
+        event loop has caught up and closed the bus. It must only read state. While
+        `driving()` still says yes, urgent work the gate held back waits for the lease to be
+        renewed instead of failing."""
         if not units:
             raise ValueError("a bus needs at least one unit")
         if not 0 < backoff_initial_s <= backoff_max_s:
@@ -129,6 +135,7 @@ class Bus:
         self.reading_wanted = reading_wanted
         self.on_availability = on_availability
         self.gate = gate
+        self.driving = driving
         self.withheld = 0
         """Transactions not put on the line because the gate said no."""
         self.handles = {name: DeviceHandle(self, unit) for name, unit in self.units.items()}
@@ -320,7 +327,8 @@ class Bus:
                 # The read that protects a panel change, right before the write.
                 _, error = self._carry_out(Op(op.device, Kind.READ), gate)
                 if error is not None:
-                    self._answer(op, error=error)
+                    if not self._held_back(op, error):
+                        self._answer(op, error=error)
                     return
                 self._quiet()
             state = handle.last_state
@@ -337,9 +345,22 @@ class Bus:
                 return
         result, error = self._carry_out(op, gate)
         if error is not None:
-            self._answer(op, error=error)
+            if not self._held_back(op, error):
+                self._answer(op, error=error)
         else:
             self._answer(op, result=result)
+
+    def _held_back(self, op: Op, error: BaseException) -> bool:
+        """True if `op` waits for the lease to cover it: the gate said no, but the master
+        still drives the line (a renewal is on its way)."""
+        if not isinstance(error, GateClosed) or op.kind in (Kind.POLL, Kind.PROBE):
+            return False
+        if self.driving is None or not self.driving():
+            return False
+        with self._mutex:
+            self.schedule.retry_first(op)
+        self._closing.wait(GATE_RETRY_S)
+        return True
 
     def _carry_out(self, op: Op, gate: Gate) -> tuple[Any, BaseException | None]:
         """One transaction on the line: (its result, None) or (None, the error)."""

@@ -198,6 +198,10 @@ class BusSchedule:
         self._urgent.append(op)
         return None
 
+    def retry_first(self, op: Op) -> None:
+        """Urgent work that could not go out yet (the lease did not cover it): first again."""
+        self._urgent.appendleft(op)
+
     def withdraw(self, op: Op) -> bool:
         """Removes urgent work not started yet (its caller gave up)."""
         try:

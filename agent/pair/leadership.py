@@ -1,15 +1,22 @@
 """Who drives the line: contending for its lock, holding it, and stepping down.
 
 An instance is active only within the lease that made it active, and only once the
-previous lease has provably ended (agent.pair.lock_delay). Renewals overlap, each bounded
-by the lease itself. A loss of any kind (a refused renewal, the local deadline, a fenced
+previous lease has provably ended (agent.pair.lock_delay). Renewals run on the monotonic
+clock, as often as the link's round trip asks (agent.pair.renewal), and overlap, each
+bounded by a lease. A loss of any kind (a refused renewal, the local deadline, a fenced
 write rejected) stops the driving first, then the instance contends again; the standby
-contends every renewal period as well, and at once when it sees the lock deleted.
+contends every third of a TTL as well, and at once when it sees the lock deleted. A link
+too slow to hold a lease does not contend: it says so instead of flapping.
+
+Whatever happened before, an instance of a pair reconnects to the broker within a TTL
+(within a twelfth of one while it holds a lease): a reconnect storm is spread by jitter
+below that, never by half a minute of absence.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -21,6 +28,7 @@ from agent.client.lock import LeasedLock, LossReason, holder_instance, process_h
 from agent.client.session import Session, SessionError
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.pair.lock_delay import LockDelay
+from agent.pair.renewal import RENEWALS_PER_TTL, LeaseTiming, RoundTrips
 from agent.protocol.hlc import Hlc
 
 log = logging.getLogger("agent")
@@ -50,15 +58,22 @@ class Leadership:
         take_over: TakeOver,
         step_down: StepDown,
         spawn: Callable[[Awaitable[Any]], asyncio.Future[Any]],
+        process: str | None = None,
     ) -> None:
         self.session = session
         self.client = client
         self.instance_id = instance_id
         self.lock_key = lock_key
         self.ttl_ms = ttl_ms
-        self.holder = process_holder(instance_id).encode()
+        self.holder = process_holder(instance_id, process).encode()
         self.lock = LeasedLock(client, lock_key, self.holder, safety_margin_s=safety_margin_s)
         self.lock.on_lost(self._on_lost)
+        self.timing = LeaseTiming(ttl_ms / 1000, self.lock.margin_s(ttl_ms))
+        self.round_trips = RoundTrips()
+        self.lock.on_round_trip = self.round_trips.add
+        self.too_slow: float | None = None
+        """The round trip (s) that keeps this instance from holding a lease, while it does."""
+        self._lease_wake = asyncio.Event()
         self.lock_delay = LockDelay.starting(ttl_ms / 1000, time.monotonic())
         self.role = Role.STARTING
         self.losses = 0
@@ -104,6 +119,16 @@ class Leadership:
 
     def standing_by(self) -> None:
         self.role = Role.STANDBY
+        self.session.set_reconnect_ceiling(self.idle_reconnect_s)
+
+    @property
+    def idle_reconnect_s(self) -> float:
+        """The reconnect ceiling without a lease: back on the store within a TTL."""
+        return self.timing.ttl_s
+
+    def must_cover(self, hold_s: float) -> None:
+        """The longest transaction on the line: renewals keep that much lease ahead."""
+        self.timing = LeaseTiming(self.timing.ttl_s, self.timing.margin_s, hold_s)
 
     async def stop(self) -> bool:
         """Stops driving; returns whether this instance was active (it should release)."""
@@ -129,6 +154,8 @@ class Leadership:
     async def contend(self) -> None:
         if self.role is not Role.STANDBY or self.lock.held or self.hold_off():
             return
+        if not self._link_can_hold():
+            return
         try:
             token = await self.lock.try_acquire(self.ttl_ms)
         except (StateStoreError, SessionError) as exc:
@@ -142,6 +169,7 @@ class Leadership:
     async def _take_over(self, epoch: int, token: Hlc) -> None:
         """Drives the line under the lease of `epoch`, once the previous lease has ended."""
         log.debug("acquired the lock (token %s): taking over", token)
+        self._lease_wake.set()  # renewals from now on, at the lease's own period
         # Reconnect fast while the lease is held: a slow reconnect would cost the lease.
         self.session.set_reconnect_ceiling(max(0.05, self.ttl_ms / 12_000))
         async with self._role_change:
@@ -160,6 +188,29 @@ class Leadership:
             log.info("became active (fencing token %s)", token)
             self.active_event.set()
 
+    def _link_can_hold(self) -> bool:
+        """False (and said once, and in health) while the link's round trip is too long
+        for a lease: taking the lock would only lose it again."""
+        round_trip = self.round_trips.worst_s
+        if self.timing.can_hold(round_trip):
+            if self.too_slow is not None:
+                log.info(
+                    "the round trip to the store is %.0f ms again: contending for the lock",
+                    round_trip * 1000,
+                )
+                self.too_slow = None
+            return True
+        if self.too_slow is None:
+            log.error(
+                "the round trip to the store takes %.0f ms, too long to hold a lease of "
+                "%.0f ms (AGENT_LOCK__TTL_MS): this instance does not contend for the lock "
+                "until the link is faster (or the TTL longer)",
+                round_trip * 1000,
+                self.timing.ttl_s * 1000,
+            )
+        self.too_slow = round_trip
+        return False
+
     def _on_lost(self, reason: LossReason) -> None:
         if reason is LossReason.DEADLINE_PASSED:
             # Renewals went unanswered for a lease: what this instance sent and the link
@@ -171,7 +222,7 @@ class Leadership:
 
     async def step_down(self, reason: str, *, look_first: bool = False) -> None:
         if not self.lock.held:
-            self.session.set_reconnect_ceiling(None)
+            self.session.set_reconnect_ceiling(self.idle_reconnect_s)
         if self.role is not Role.ACTIVE:
             return
         # Writes stop first: may_drive() is false from here on.
@@ -203,35 +254,62 @@ class Leadership:
             renewal.cancel()
         await asyncio.gather(*self._renewals, return_exceptions=True)
         await self.release()
-        self.session.set_reconnect_ceiling(None)
+        self.session.set_reconnect_ceiling(self.idle_reconnect_s)
         async with self._role_change:  # after a takeover still in progress, if any
             await self._step_down_line(reason)
         return True
 
     # ------------------------------------------------------------------ the lease
 
-    async def lease_tick(self) -> None:
-        """Every renewal period: renew while held; otherwise make sure someone contends.
-        (A coroutine: APScheduler runs plain functions on a thread of its own.)"""
-        if self.lock.held:
-            # Not awaited, and bounded by the lease itself: renewals may overlap, so that a
-            # slow link does not skip renewals the store would have granted.
-            renewal = asyncio.ensure_future(self.renew())
-            self._renewals.add(renewal)
-            renewal.add_done_callback(self._renewals.discard)
-        elif self.role is Role.ACTIVE:
-            # An active without a lease is a bug: whatever led here, stop driving.
-            self._spawn(self.step_down("active without a lease"))
-        elif self.role is Role.STANDBY and (self._contender is None or self._contender.done()):
-            # Not awaited: a takeover (the line opened, every device reconciled) must not
-            # hold up the renewals of the lease it has just taken.
-            self._contender = self._spawn(self.contend())
+    async def run_lease(self) -> None:
+        """The lease's own clock, on the monotonic clock: while held, a renewal each period
+        the round trip allows (not awaited: renewals may overlap, so that a slow link does
+        not skip renewals the store would have granted); otherwise a contention every
+        third of a TTL, or a look at the lock to measure the link while it is too slow."""
+        while True:
+            self._lease_wake.clear()
+            if self.lock.held:
+                sent = self.lock.last_sent_at
+                due = (sent or 0.0) + self.timing.period_s(self.round_trips.worst_s)
+                wait = due - time.monotonic()
+                if wait <= 0:
+                    renewal = asyncio.ensure_future(self.renew())
+                    self._renewals.add(renewal)
+                    renewal.add_done_callback(self._renewals.discard)
+                    await asyncio.sleep(0)  # its send time is recorded before the next look
+                    continue
+            else:
+                wait = self.timing.ttl_s / RENEWALS_PER_TTL
+                if self.role is Role.ACTIVE:
+                    # An active without a lease is a bug: whatever led here, stop driving.
+                    self._spawn(self.step_down("active without a lease"))
+                elif self.role is Role.STANDBY and (
+                    self._contender is None or self._contender.done()
+                ):
+                    # Not awaited: a takeover (the line opened, every device reconciled)
+                    # must not hold up the renewals of the lease it has just taken.
+                    self._contender = self._spawn(self._contend_or_measure())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._lease_wake.wait()
+
+    async def _contend_or_measure(self) -> None:
+        if self.timing.can_hold(self.round_trips.worst_s):
+            await self.contend()
+            return
+        # Too slow to hold a lease: keep measuring the link until it is not.
+        try:
+            await self.lock.current_holder(timeout=self.timing.ttl_s)
+        except (StateStoreError, SessionError) as exc:
+            log.debug("could not look at the lock: %s", exc)
+        self._link_can_hold()
 
     async def renew(self) -> None:
-        deadline = self.lock.deadline
-        timeout = 0.05 if deadline is None else max(0.05, deadline - time.monotonic())
+        # Bounded by a whole lease, not by what is left of it: an answer that comes after
+        # the deadline belongs to a lost lease and is ignored, and one slower than the
+        # rest of the lease may still be the one that extends it.
         try:
-            await self.lock.renew(timeout=timeout)
+            await self.lock.renew(timeout=self.timing.lease_s)
         except (StateStoreError, SessionError) as exc:
             log.warning("lock renewal failed: %s", exc)
 

@@ -21,7 +21,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from agent import logs
 from agent.client.errors import NotAuthorized, StateStoreError
-from agent.client.lock import renewal_period_s
+from agent.client.lock import process_nonce
 from agent.client.session import ConnectionRefused, Session, SessionError, TlsSetupFailed
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.config import AgentSettings
@@ -62,6 +62,8 @@ class Agent:
         self.settings = settings
         self.line = settings.line
         self.notifier = notifier or Notifier({})
+        self.process = process_nonce()
+        """This process among all: in the lock's holder value, its client id and health."""
         self._driver_factory = driver_factory
         self.session: Session | None = None
         self.client: StateStoreClient | None = None
@@ -73,9 +75,12 @@ class Agent:
         self._driver: Driver | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._clock_task: asyncio.Task[None] | None = None
+        self._lease_task: asyncio.Task[None] | None = None
         self._line_stats: tuple[float, int] | None = None  # (when, transactions) last telemetry
         self.control: LineControl | None = None  # pause and switchover (agent.runtime.control)
-        self.health = Health(settings, self.view, lambda: self.session, self.notifier.status)
+        self.health = Health(
+            settings, self.view, lambda: self.session, self.notifier.status, self.process
+        )
         self._endpoint: HealthEndpoint | None = None
         self._line_lock = asyncio.Lock()  # the line opened, closed, paused: one at a time
         self._reconciling: asyncio.Future[Any] | None = None
@@ -85,6 +90,13 @@ class Agent:
     @property
     def role(self) -> Role:
         return self.leadership.role if self.leadership is not None else Role.STARTING
+
+    @property
+    def client_id(self) -> str:
+        """The derived client id names this process too: two gateways cloned from one image
+        must not take each other's sessions over. A configured one is used as it is."""
+        s = self.settings
+        return s.client_id if s.mqtt.client_id else f"{s.client_id}-{self.process}"
 
     @property
     def active_event(self) -> asyncio.Event:
@@ -120,7 +132,10 @@ class Agent:
         warn_about(s, self._driver)
         self.notifier.status("connecting to the broker")
         try:
-            self.session = Session(s.mqtt, client_id=s.client_id, will=self.health.will())
+            self.session = Session(s.mqtt, client_id=self.client_id, will=self.health.will())
+            # An instance of a pair is back on the store within a TTL of it being
+            # reachable, whatever happened before (see agent.pair.leadership).
+            self.session.set_reconnect_ceiling(s.lock.ttl_ms / 1000)
         except TlsSetupFailed as exc:  # a CA that is not PEM, a wrong key password, ...
             log.error("invalid setting AGENT_MQTT__TLS (mqtt.tls): %s", exc)
             return EXIT_CONFIG
@@ -143,6 +158,7 @@ class Agent:
             take_over=self._take_over_line,
             step_down=self._step_down_line,
             spawn=self._spawn,
+            process=self.process,
         )
         self.control = LineControl(
             self.client,
@@ -155,6 +171,8 @@ class Agent:
             on_switchover=self._on_switchover,
         )
         self.leadership.hold_off = self.control.hold_off
+        assert self._driver is not None
+        self.leadership.must_cover(self._driver.longest_transaction_s)
         self.leadership.look_before_contending = self._look_at_the_lock
         for device in self.line.devices:
             self.devices[device.id] = DeviceSync(
@@ -235,6 +253,8 @@ class Agent:
         while True:
             try:
                 await self.client.start()
+                # Another process with this instance id says so here (a cloned gateway).
+                await self.session.subscribe(self.health.topic, self.health.heard)
                 # The lock before the records: see Leadership.store_kept_its_contents.
                 holder = await self.leadership.watch()
                 assert self.control is not None
@@ -310,6 +330,8 @@ class Agent:
             self.scheduler.shutdown(wait=False)
         if self._clock_task is not None:
             self._clock_task.cancel()
+        if self._lease_task is not None:
+            self._lease_task.cancel()
         # A write already on the line finishes before the lock goes, so it cannot overlap
         # the next active's; nothing new starts (may_write() is false).
         await asyncio.gather(*(sync.quiesce(timeout=5) for sync in self.devices.values()))
@@ -360,6 +382,7 @@ class Agent:
             reading_wanted=self._reading_wanted,
             on_availability=self._on_availability,
             gate=self._gate,
+            driving=self.may_write,
         )
         await self.bus.open()
         started = time.monotonic()
@@ -527,16 +550,11 @@ class Agent:
     }
 
     def _start_scheduler(self) -> None:
-        """The scheduler with the lease job only; the others come once the role is decided."""
+        """The lease's clock (monotonic, its own task) and the scheduler of the periodic
+        jobs, which come once the role is decided."""
         assert self.leadership is not None
+        self._lease_task = asyncio.create_task(self.leadership.run_lease(), name="lease")
         self.scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
-        lease_period = renewal_period_s(self.settings.lock.ttl_ms)
-        self.scheduler.add_job(
-            self.leadership.lease_tick,
-            IntervalTrigger(seconds=lease_period),
-            id="lease",
-            **self._JOB_OPTIONS,
-        )
         self.scheduler.start()
 
     def _add_periodic_jobs(self) -> None:
@@ -676,12 +694,17 @@ class Agent:
             line_up=bus.line_up if bus is not None else None,
             token=leadership.token if leadership is not None else None,
             devices=devices,
+            round_trip_s=None if leadership is None else leadership.round_trips.worst_s,
+            too_slow=None if leadership is None else leadership.too_slow,
+            ttl_s=self.settings.lock.ttl_ms / 1000,
         )
 
     def healthy(self) -> bool:
         if self.session is None or self.session.error is not None:
             return False
         if self.scheduler is None or not self.scheduler.running:
+            return False
+        if self._lease_task is None or self._lease_task.done():
             return False
         return self._clock_task is not None and not self._clock_task.done()
 

@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -116,6 +117,7 @@ def status_words(
 def instance_document(
     *,
     status: str,
+    process: str = "",
     line: str,
     instance: str,
     role: str,
@@ -127,12 +129,17 @@ def instance_document(
     devices: Sequence[DeviceHealth] | Sequence[str],
     summary: str,
     now: float,
+    round_trip_s: float | None = None,
+    problem: str | None = None,
+    duplicates: Sequence[str] = (),
 ) -> dict[str, Any]:
     ids = [d if isinstance(d, str) else d.id for d in devices]
     health = [d for d in devices if isinstance(d, DeviceHealth)]
     return {
         "status": status,
         "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "process": process,
         "time": round(now, 3),
         "line": line,
         "instance": instance,
@@ -147,6 +154,9 @@ def instance_document(
         "in_sync": sum(d.in_sync and d.answering for d in health) if health else None,
         "not_answering": [d.id for d in health if not d.answering],
         "summary": summary,
+        "round_trip_ms": None if round_trip_s is None else round(round_trip_s * 1000, 1),
+        "problem": problem,
+        "duplicates": list(duplicates),
     }
 
 
@@ -198,6 +208,11 @@ class InstanceView:
     """The port is open and usable (None: the line is not open)."""
     token: Hlc | None
     devices: dict[str, DeviceView]
+    round_trip_s: float | None = None
+    """The longest recent round trip to the store."""
+    too_slow: float | None = None
+    """The round trip that keeps this instance from holding a lease, while it does."""
+    ttl_s: float = 0.0
 
 
 # --------------------------------------------------------------------------- the publisher
@@ -216,8 +231,13 @@ class Health:
         view: Callable[[], InstanceView],
         session: Callable[[], Session | None],
         notify_status: Callable[[str], None],
+        process: str = "",
     ) -> None:
         self.settings = settings.health
+        self.process = process
+        self.started = time.time()
+        self.duplicates: dict[str, str] = {}
+        """Other processes heard on this instance's own topic: process -> where."""
         self.ttl_ms = settings.lock.ttl_ms
         self.line = settings.line
         self.instance = settings.instance_id
@@ -263,6 +283,33 @@ class Health:
             return decisions.encode_setpoint(synced_value)
         return value
 
+    def heard(self, message: Message) -> None:
+        """A message on this instance's own health topic. Another process saying it is up
+        there, since this one started, runs with the same instance id: said once, by each
+        of the two (each hears the other's heartbeats)."""
+        try:
+            document = json.loads(message.payload)
+        except (ValueError, UnicodeDecodeError):
+            return
+        if not isinstance(document, dict) or document.get("status") != "up":
+            return
+        other = document.get("process")
+        sent = document.get("time")
+        if not isinstance(other, str) or other in ("", self.process) or other in self.duplicates:
+            return
+        if not isinstance(sent, int | float) or sent < self.started:
+            return  # a retained message of an earlier process of this instance
+        where = f"host {document.get('host', '?')}, pid {document.get('pid', '?')}"
+        self.duplicates[other] = where
+        log.error(
+            "another process runs with instance id %s on line %s (%s): instance ids must be "
+            "unique within a pair (a cloned gateway? set AGENT_INSTANCE_ID)",
+            self.instance,
+            self.line.id,
+            where,
+        )
+        self._wake.set()
+
     def poke(self) -> None:
         """Something changed (role, pause, the line): publish now what is due."""
         self._wake.set()
@@ -290,6 +337,11 @@ class Health:
             return "a job of the agent stopped"
         if view.role is Role.ACTIVE and view.line_up is False:
             return "the line is down"
+        if view.too_slow is not None:
+            return (
+                f"the round trip to the store ({view.too_slow * 1000:.0f} ms) is too long to "
+                f"hold a lease of {view.ttl_s * 1000:.0f} ms: this instance cannot take over"
+            )
         return None
 
     def state(self, view: InstanceView) -> str:
@@ -324,6 +376,7 @@ class Health:
         active = view.role is Role.ACTIVE
         return instance_document(
             status=status,
+            process=self.process,
             line=self.line.id,
             instance=self.instance,
             role=self.role(view),
@@ -335,6 +388,9 @@ class Health:
             devices=self.devices(view) if active else list(view.devices),
             summary=self.words(view),
             now=time.time(),
+            round_trip_s=view.round_trip_s,
+            problem=self.failing(view),
+            duplicates=[f"{p} ({where})" for p, where in self.duplicates.items()],
         )
 
     def device_document(self, view: InstanceView, device: str) -> tuple[dict[str, Any], bytes]:
@@ -389,7 +445,7 @@ class Health:
             return
         now = time.monotonic()
         document = self.instance_document(view=view)
-        key = _changed(document, ("time", "token", "pid", "version"))
+        key = _changed(document, ("time", "token", "pid", "version", "round_trip_ms"))
         last = self._last_instance
         due = last is None or last[0] != key or now - last[1] >= self.settings.interval_s
         if due and await self._publish(session, self.topic, encode(document)):
