@@ -6,8 +6,9 @@ Controlled while traffic flows, from the event loop it runs in:
 - `delay(seconds, direction="both")`: each chunk is held for a fixed one-way delay, in
   order ("in": towards the broker, "out": towards the client).
 - `drop()`: new connections are closed at once (a refusing broker); open ones go on.
-- `blackhole()`: a half-open link: bytes are accepted from both sides and forwarded
-  nowhere, and nothing is closed. When it ends, what was held goes through, as TCP would
+- `blackhole(direction="both")`: a half-open link: bytes are accepted from both sides and
+  forwarded nowhere (or only those going one way: "in" towards the broker, "out" towards
+  the client), and nothing is closed. When it ends, what was held goes through, as TCP would
   retransmit it over a link that came back (a peer that gave up meanwhile has closed),
   except what a side sent before it reset its connection (RST drops it).
 - `cut()`: every open connection is reset (RST), then the proxy passes again.
@@ -48,8 +49,9 @@ class FaultProxy:
         self._server: asyncio.Server | None = None
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._flowing = asyncio.Event()
-        self._flowing.set()
+        self._flowing = {"in": asyncio.Event(), "out": asyncio.Event()}
+        for flowing in self._flowing.values():
+            flowing.set()
         self._changed = asyncio.Event()  # replaced by a fresh one at each change
 
     async def start(self) -> FaultProxy:
@@ -71,7 +73,8 @@ class FaultProxy:
     def set_pass(self) -> None:
         self.mode = "pass"
         self.delays = {"in": 0.0, "out": 0.0}
-        self._flowing.set()
+        for flowing in self._flowing.values():
+            flowing.set()
 
     def delay(self, seconds: float, direction: str = "both") -> None:
         self.mode = "pass"
@@ -81,11 +84,14 @@ class FaultProxy:
 
     def drop(self) -> None:
         self.mode = "drop"
-        self._flowing.set()
+        for flowing in self._flowing.values():
+            flowing.set()
 
-    def blackhole(self) -> None:
+    def blackhole(self, direction: str = "both") -> None:
         self.mode = "blackhole"
-        self._flowing.clear()
+        for side, flowing in self._flowing.items():
+            if direction in (side, "both"):
+                flowing.clear()
 
     def cut(self) -> None:
         self._reset_all()
@@ -150,7 +156,7 @@ class FaultProxy:
         except (ConnectionError, OSError):
             self.stats.resets += 1
             self._note_change()
-            if not self._flowing.is_set():
+            if not self._flowing[side].is_set():
                 # Reset by its sender while held: a TCP stack that resets a connection
                 # drops what it had not got acknowledged, so it never arrives.
                 discarded.set()
@@ -173,7 +179,7 @@ class FaultProxy:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-                await self._flowing.wait()  # held while the link is a black hole
+                await self._flowing[side].wait()  # held while the link is a black hole
                 if discarded.is_set():
                     break
                 writer.write(data)

@@ -31,11 +31,17 @@ class AgentProcess:
         prefix: Sequence[str] = (),
     ) -> None:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # TEST_AGENT_SOURCE: run the agent from another checkout (an older build, to see a
+        # regression test fail on it) while the store and the line run from this one.
+        source = os.environ.get("TEST_AGENT_SOURCE")
+        if source:
+            full_env["PYTHONPATH"] = source
         self.proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "agent", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             env=full_env,
+            cwd=source or None,
         )
         self.lines: list[str] = []
         self._seen = 0  # lines already matched by wait_for_new()

@@ -19,9 +19,11 @@ from agent.protocol.hlc import Hlc
 from agent.protocol.resp3 import encode_request
 from agent.simulator.device import FakeDevice
 from agent.simulator.line import FakeLine
+from tests.soak.checker import Checker, LineEvent, StoreEvent
 from tests.support.paho_client import PahoStoreClient
 from tests.support.ports import free_port
 from tests.support.processes import AgentProcess
+from tests.support.store_watch import watch_writes
 
 T = TypeVar("T")
 DEVICE = "thermostat-1"
@@ -67,6 +69,8 @@ class Rig:
         self.ttl_ms = ttl_ms
         self.background = BackgroundLoop()
         self.port = free_port()
+        self.store_events: list[StoreEvent] = []
+        """Every write the store handled, by its own record (for the wire check)."""
         self.store = self._make_store()
         self.device = self._make_device()
         self.background.run(self.store.start())
@@ -78,7 +82,9 @@ class Rig:
         self._client: PahoStoreClient | None = None
 
     def _make_store(self) -> EmbeddedStateStore:
-        return EmbeddedStateStore("127.0.0.1", self.port)
+        store = EmbeddedStateStore("127.0.0.1", self.port)
+        watch_writes(store.store, self.store_events.append)
+        return store
 
     def _make_device(self) -> Any:
         return FakeDevice(setpoint=20.0, time_constant_s=30.0)
@@ -111,8 +117,11 @@ class Rig:
 
     def start_agent(self, instance: str, *, via_proxy: bool = False, **extra: str) -> AgentProcess:
         """An agent process; `via_proxy`: its link to the broker goes through a fault proxy
-        of its own (rig.proxies[instance])."""
+        of its own (rig.proxies[instance]). It reaches the line through a port of its own,
+        so that the line's records say which instance sent what (see wire_violations)."""
         env = self.env(instance, **extra)
+        if "AGENT_SERIAL__URL" not in extra:
+            env["AGENT_SERIAL__URL"] = self.background.run(self.device.open_port(instance))
         if via_proxy:
             from tests.harness.proxy import FaultProxy
 
@@ -237,10 +246,36 @@ class Rig:
         self.background.run(self.store.stop())
         if outage_s:
             time.sleep(outage_s)  # the outage is the fault itself, not a wait for an event
-        self.store = EmbeddedStateStore("127.0.0.1", self.port)
+        self.store = self._make_store()
         if setpoint is not None:
             self.background.call(lambda: self._write(SETPOINT_KEY, setpoint))
         self.background.run(self.store.start())
+
+    def wire_violations(self) -> list[str]:
+        """Every transaction an instance put on the line that is not within a lease the
+        store granted it (tests/soak/checker.py), by the line's and the store's records."""
+        checker = Checker({}, self.lock_key.encode())
+        checker.store = list(self.store_events)
+        records = self.background.call(lambda: self.device.records)
+        checker.line = [
+            LineEvent(
+                r.at,
+                r.client,
+                r.address,
+                r.kind,
+                r.value,
+                r.other_client is not None,
+                r.ended_at,
+                r.client.rpartition("-")[0] or None,
+            )
+            for r in records
+        ]
+        checker.check_wire()
+        return [f"{v.kind} at {v.at:.3f}: {v.detail}" for v in checker.violations]
+
+    @property
+    def lock_key(self) -> str:
+        return LOCK_KEY
 
     # ------------------------------------------------------------------ the device
 
@@ -308,6 +343,10 @@ class LineRig(Rig):
 
     def unit(self, address: int) -> Any:
         return self.device.unit(address)
+
+    @property
+    def lock_key(self) -> str:
+        return f"{self.LINE}\\lock"
 
     def remote_set_device(self, address: int, value: bytes) -> bytes:
         """A remote writer fencing with the line's lock."""
