@@ -316,6 +316,8 @@ class Faults:
     unplugged_until: float | None = None
     silent_until: float | None = None
     slow_s: float = 0.0
+    slow_write_s: float = 0.0
+    """Added to replies to writes only: a unit whose EEPROM takes its time."""
     garbage: int = 0
     stray: int = 0
     bad_checksum: int = 0
@@ -342,6 +344,8 @@ class Faults:
                 self.silent_until = now + amount
             case "SLOW":
                 self.slow_s = amount / 1000
+            case "SLOWWRITE":
+                self.slow_write_s = amount / 1000
             case "GARBAGE":
                 self.garbage = int(amount)
             case "STRAY":
@@ -383,7 +387,8 @@ class PanelSetpoint:
 @dataclass(frozen=True, slots=True)
 class FaultCommand:
     kind: str
-    """UNPLUG, SILENT (seconds), SLOW (ms), GARBAGE, STRAY, BADSUM, NOSUM (count), CLEAR."""
+    """UNPLUG, SILENT (seconds), SLOW and SLOWWRITE (ms), GARBAGE, STRAY, BADSUM, NOSUM
+    (count), CLEAR."""
     amount: float = 0.0
 
 
@@ -391,6 +396,7 @@ _FAULT_UNITS = {
     "UNPLUG": "seconds",
     "SILENT": "seconds",
     "SLOW": "ms",
+    "SLOWWRITE": "ms",
     "GARBAGE": "count",
     "STRAY": "count",
     "BADSUM": "count",

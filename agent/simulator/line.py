@@ -48,6 +48,8 @@ from agent.simulator.wires import Incoming, RtuWire, TextWire, Wire
 
 log = logging.getLogger(__name__)
 
+WRITE_KINDS = frozenset({"SET SP", "WRITE", "WRITE MULTIPLE"})
+
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
@@ -406,6 +408,8 @@ class FakeLine:
             reply = unit.faults.mangle(self.wire.answer(unit, incoming, now, channel), damage)
             reply = line_faults.mangle(reply, damage)
             slow = unit.faults.slow_s + line_faults.slow_s
+            if incoming.kind in WRITE_KINDS:
+                slow += unit.faults.slow_write_s + line_faults.slow_write_s
         busy = slow
         request_s = 0.0
         if self.emulate_baud:

@@ -265,7 +265,7 @@ class Rig:
                 r.kind,
                 r.value,
                 r.other_client is not None,
-                r.ended_at,
+                r.request_ended_at,
                 r.client.rpartition("-")[0] or None,
             )
             for r in records
