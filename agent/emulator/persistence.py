@@ -20,9 +20,9 @@ its record to reach the disk: a crash loses at most the last moments of writes.
 
 When a write fails (a full disk), its partial record is cut off and nothing more is appended:
 the journal is not ``writable()`` and the store refuses every write, saying so, until a
-rewrite of the whole log from the live keys succeeds (``retry()``, asked every second, and
-once more at ``close()``). The keys are in memory meanwhile, those whose records failed too,
-so none is lost when the disk has room again.
+rewrite of the whole log from the live keys succeeds (``retry()``, asked by a refused write
+and every second, and once more at ``close()``). The keys are in memory meanwhile, those
+whose records failed too, so none is lost when the disk has room again.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ CLOCK_LEASE_MS: Final = 2_000
 _COMPACT_MIN_BYTES: Final = 1 << 20
 _COMPACT_FACTOR: Final = 4
 _MAX_BATCH: Final = 4096  # records per write; the thread takes what is there, up to this
+_RETRY_MIN_MS: Final = 100  # after a failure, rewrites are tried at most this often
 
 
 class PersistenceError(OSError):
@@ -286,6 +287,8 @@ class StoreJournal:
         # event loop reads it (writable()).
         self.failed: OSError | None = None
         self._retrying = False  # a rewrite after a failure is queued
+        self._compaction_due = False
+        self._retried_at: int | None = None  # when the last one was queued (monotonic ms)
         self._size = 0  # bytes of whole records in the log (the writer thread's)
         self._lock: int | None = None  # the open DIR/store.lock while this journal holds it
         self._entries: Callable[[], dict[bytes, Entry]] | None = None
@@ -394,13 +397,25 @@ class StoreJournal:
     # ---- on the event loop (StateStore calls these) ------------------------------------------
 
     def writable(self) -> bool:
-        """Whether changes are kept: not from a failed write until a rewrite succeeds."""
-        return self.failed is None
+        """Whether changes are kept: not from a failed write until a rewrite succeeds.
+
+        A writer refused meanwhile has a rewrite tried (``retry()``), so that writes are
+        accepted again soon after the disk has room.
+        """
+        if self.failed is None:
+            return True
+        self.retry()
+        return False
 
     def retry(self) -> None:
-        """After a failed write, queues a rewrite of the log from the live keys (one at a time)."""
+        """After a failed write, queues a rewrite of the log from the live keys (one at a time,
+        at most every ``_RETRY_MIN_MS``)."""
         if self.failed is None or self._retrying or self._entries is None:
             return
+        now = self._monotonic()
+        if self._retried_at is not None and now - self._retried_at < _RETRY_MIN_MS:
+            return
+        self._retried_at = now
         self._retrying = True
         self._queue.put(self._compaction())
 
@@ -411,10 +426,15 @@ class StoreJournal:
         self._append(encode_delete(key))
 
     def observe_clock(self, current: Hlc) -> None:
-        """Renews the clock bound before the clock can reach it."""
+        """The store calls this after each request and each expiry, its changes made: renews
+        the clock bound before the clock can reach it, and queues a compaction that came due
+        (then, not when the record that made it due came: its snapshot must see that change)."""
         if current.wall_ms + CLOCK_LEASE_MS // 2 > self._lease_ms:
             self._lease_ms = current.wall_ms + CLOCK_LEASE_MS
             self._append(encode_clock(Hlc(self._lease_ms, 0, current.node_id)))
+        if self._compaction_due:
+            self._compaction_due = False
+            self._queue.put(self._compaction())
 
     def _append(self, record: bytes) -> None:
         self._queue.put(record)
@@ -424,7 +444,7 @@ class StoreJournal:
             and self._written > _COMPACT_MIN_BYTES
             and self._written > _COMPACT_FACTOR * self._live_estimate
         ):
-            self._queue.put(self._compaction())
+            self._compaction_due = True  # queued by observe_clock()
 
     def _compaction(self) -> _Compact:
         """A rewrite of the log from the keys as they are now."""

@@ -60,7 +60,9 @@ class Journal(Protocol):
 
     def delete(self, key: bytes) -> None: ...
 
-    def observe_clock(self, current: Hlc) -> None: ...
+    def observe_clock(self, current: Hlc) -> None:
+        """Called after each request and each expiry, once its changes are made."""
+        ...
 
 
 # The answer to a write while the journal cannot keep it (a full disk); clients keep an

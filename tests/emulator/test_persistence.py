@@ -333,3 +333,24 @@ def test_a_torn_tail_of_zeros_is_a_torn_tail(tmp_path: Path) -> None:
     loaded = replay(whole + encode_set(b"k10", _entry(b"10"))[:12] + bytes(500))
     assert loaded.damage is None and len(loaded.entries) == 10 and loaded.dropped_bytes == 512
     assert replay(whole + bytes(100)).damage is None
+
+
+def test_a_compaction_keeps_the_change_that_started_it(tmp_path: Path) -> None:
+    """A compaction snapshots the keys: it must see the change whose record started it."""
+    clocks = Clocks()
+    service = Service(tmp_path, clocks)
+    journal = service.journal
+    service.request("SET", "big", "x")  # and a clock record, the first time
+    before = journal._written
+    service.request("SET", "big", "x")
+    overhead = journal._written - before - 1  # a record of "big" but for its value
+    # The DEL's record is what takes the log past the size that starts a compaction.
+    size = persistence._COMPACT_MIN_BYTES - journal._written - overhead
+    service.request("SET", "big", "x" * size)
+    assert journal._written == persistence._COMPACT_MIN_BYTES
+    service.request("DEL", "big")
+    assert journal._written < persistence._COMPACT_MIN_BYTES  # it compacted
+    service.stop()
+    again = Service(tmp_path, clocks)
+    assert again.request("GET", "big")[0] is None
+    again.stop()
