@@ -2,8 +2,8 @@
 store saw, never from what the agents say about themselves.
 
 Fed with:
-- the fake line's records (every request on the device line: when its first byte and the
-  transaction's last byte were on the line, on which connection, of which instance: each
+- the fake line's records (every request on the device line: when it reached the line,
+  when its first and last byte were on it, on which connection, of which instance: each
   instance reaches the line through a port of its own), and each unit's writes and panel
   changes (when, what value);
 - the store's own record of every request it handled (a hook on the pure store: client,
@@ -16,13 +16,15 @@ Checks:
 2. The newest token: no write an agent got accepted carries a token older than a lock
    version the store gave another holder before it.
 3. No lost change: a panel change is never written over at the controller before it was
-   published; an agent publishes only what a panel change made (or a value the store lost,
-   again); a remote change the store accepted ends up at the controller unless a later
+   published; an agent publishes only what a panel change made (the newest, or one turned
+   over again at the panel before its publish landed; or a value the store lost, again);
+   a remote change the store accepted ends up at the controller unless a later
    change took its place; and when the faults stop, every controller and its key agree.
-4. Every byte on the wire within a lease: each transaction an instance put on the line
-   (its request's first byte to the transaction's last byte) lies within a lease of the
-   line's lock that the store granted that instance (from the grant to its expiry, renewals
-   extending it, a release ending it), by the store's own record, not the agents' logs.
+4. Every byte on the wire within a lease: every request an instance put on the line (from
+   when it reached the line, a request that waited for the medium included, to its last
+   byte) lies within a lease of the line's lock that the store granted that instance (from
+   the grant to its expiry, renewals extending it, a release ending it), by the store's own
+   record, not the agents' logs.
 """
 
 from __future__ import annotations
@@ -61,9 +63,13 @@ class LineEvent:
     value: float | None
     collision: bool
     ended: float | None = None
-    """When the transaction's last byte was (None: at `at`)."""
+    """When the request's last byte was on the line (None: at `at`). The unit's reply is
+    the unit's: a late one is a unit fault, not a second master."""
     instance: str | None = None
     """The instance whose port it came on (None: not known)."""
+    sent: float | None = None
+    """When the instance's first byte reached the line, if it then waited for the medium
+    (None: at `at`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,11 +175,12 @@ class Checker:
         for event in self.line:
             if event.instance is None:
                 continue
+            first = event.at if event.sent is None else min(event.sent, event.at)
             ended = event.at if event.ended is None else event.ended
             self.checked["transactions on the wire"] += 1
             if event.kind in WRITES:
                 self.checked["writes on the wire"] += 1
-            if any(start <= event.at and ended <= end for start, end in leases[event.instance]):
+            if any(start <= first and ended <= end for start, end in leases[event.instance]):
                 continue
             nearest = min(
                 leases[event.instance] or [(float("nan"), float("nan"))],
@@ -183,7 +190,7 @@ class Checker:
                 "outside the lease",
                 event.at,
                 f"{event.instance} put {event.kind} (unit {event.address}) on the line from "
-                f"{event.at:.3f} to {ended:.3f}; its nearest lease ran {nearest[0]:.3f} to "
+                f"{first:.3f} to {ended:.3f}; its nearest lease ran {nearest[0]:.3f} to "
                 f"{nearest[1]:.3f}",
             )
         self.checked["leases granted"] = sum(len(spans) for spans in leases.values())
@@ -228,6 +235,9 @@ class Checker:
     def _check_device(self, address: int, events: list[tuple[float, str, Any]]) -> None:
         device = self.device_of[address]
         unpublished: tuple[float, float] | None = None  # a panel change not yet in the store
+        # Panel changes turned over at the panel by a later one before they were published:
+        # an agent that read one may still publish it (then the later one after it).
+        superseded: list[float] = []
         controller: float | None = None
         store_holds: float | None = None
         pending_remote: tuple[float, float] | None = None  # accepted, not applied yet
@@ -236,6 +246,8 @@ class Checker:
             if kind == "read":
                 last_read = at
             elif kind == "panel":
+                if unpublished is not None:
+                    superseded.append(unpublished[1])
                 unpublished = (at, value)
                 controller = value
             elif kind == "write":
@@ -253,6 +265,7 @@ class Checker:
                         # a compare-and-set on the device can see that. Counted apart.
                         self.raced += 1
                     unpublished = None
+                superseded.clear()
                 controller = value
                 if pending_remote is not None and abs(value - pending_remote[1]) < 1e-6:
                     pending_remote = None
@@ -261,8 +274,10 @@ class Checker:
                     # The value the store holds, written back (a new active fencing the key
                     # with its token): nothing changes, a pending remote change stays pending.
                     continue
+                earlier = [i for i, v in enumerate(superseded) if abs(value - v) < 1e-6]
                 explained = (
                     (unpublished is not None and abs(value - unpublished[1]) < 1e-6)
+                    or bool(earlier)
                     or store_holds is None  # the store had lost it: published again
                     or (
                         controller is not None
@@ -280,6 +295,9 @@ class Checker:
                     )
                 if unpublished is not None and abs(value - unpublished[1]) < 1e-6:
                     unpublished = None
+                    superseded.clear()
+                elif earlier:
+                    del superseded[: earlier[-1] + 1]
                 store_holds = value
                 pending_remote = None  # a later store change takes the remote's place
             elif kind == "remote":

@@ -96,6 +96,28 @@ def test_a_stale_value_published_over_a_remote_change() -> None:
     assert [x.kind for x in c.violations] == ["stale value published"]
 
 
+def test_a_panel_change_turned_over_again_before_its_publish_landed_is_no_stale_value() -> None:
+    c = checker()
+    c.units = [
+        UnitEvent(0.5, 1, "write", 20.0),
+        UnitEvent(2.1, 1, "panel", 18.0),  # read by the agent, published...
+        UnitEvent(2.4, 1, "panel", 21.5),  # ...turned again before the publish landed
+    ]
+    c.store = [
+        store(1.0, "agent-l-a", KEY, b"20.0", token=v(1)),
+        store(2.0, "remote", KEY, b"27.5", token=v(1)),
+        store(2.8, "agent-l-a", KEY, b"18.0", token=v(1)),
+        store(3.2, "agent-l-a", KEY, b"21.5", token=v(1)),
+    ]
+    c.check_changes({1: 21.5}, {1: b"21.5"})
+    assert c.violations == [] and c.lost == 0
+    again = checker()  # the superseded value once more, after the newer one: stale
+    again.units = c.units
+    again.store = [*c.store, store(3.5, "agent-l-a", KEY, b"18.0", token=v(1))]
+    again.check_changes({1: 21.5}, {1: b"18.0"})
+    assert "stale value published" in [x.kind for x in again.violations]
+
+
 def test_crossing_changes_and_a_wiped_store_are_fine() -> None:
     c = checker()
     c.units = [UnitEvent(1.0, 1, "write", 20.0), UnitEvent(2.0, 1, "panel", 18.0)]
@@ -143,3 +165,12 @@ def test_every_transaction_on_the_wire_lies_within_a_lease_the_store_granted() -
     ]
     assert c.checked["transactions on the wire"] == 4
     assert c.checked["writes on the wire"] == 2
+
+
+def test_a_request_that_waited_for_the_line_counts_from_when_it_was_sent() -> None:
+    c = checker()
+    c.store = [lease(1.0, b"a#1")]
+    # Sent at 0.9, before the grant, and held until the line was free at 1.1.
+    c.line = [LineEvent(1.1, "a-1", 1, "GET STATE", None, False, 1.15, "a", 0.9)]
+    c.check_wire()
+    assert [x.kind for x in c.violations] == ["outside the lease"]
