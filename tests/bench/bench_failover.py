@@ -143,7 +143,9 @@ def bench(ttl_ms: int, units: int, rounds: int, seed: int, faults: tuple[str, ..
     ttl_s = ttl_ms / 1000
     for fault in faults:
         with tempfile.TemporaryDirectory(prefix="bench-failover-") as tmp:
-            world = World(Path(tmp), units, ttl_ms, rng)
+            world = World(
+                Path(tmp), units, ttl_ms, rng, min_write_interval_s=0.2, emulate_baud=None
+            )
             try:
                 world.start_agent("a")
                 assert wait_until(world.driving, 30), "no active at start"

@@ -1,451 +1,70 @@
-"""A soak run: a pair serving a line under random faults, checked throughout.
+"""A soak run: a pair serving a line under load and random faults, checked throughout.
 
-    python tests/soak/run.py --seconds 60 --seed 1 [--units 4] [--ttl-ms 3000]
+    python tests/soak/run.py --seconds 60 --seed 1 [--shape multidrop|p2p] [--units 8]
+        [--ttl-ms 3000] [--min-write-interval-s 0.5] [--emulate-baud 115200]
+        [--faults all|pair,unit,combined,<kind>...] [--no-load] [--logs DIR]
 
 Everything runs on this machine: the embedded state store (kept on disk, so that a restart
-can keep or lose its contents) and the fake line (TCP, as a serial device server shares it
-with the pair) in this process, the two agents as real processes, each reaching the broker
-through a fault proxy of its own. A driver makes remote changes (fenced with the line's
-lock, as `agent setpoint` does) and panel changes at random, while faults are injected one
-at a time from this catalogue (seeded, so a run can be repeated):
+can keep or lose its contents) and the fake line (TCP, as a serial device server with a port
+for each master: every transaction on the wire names the instance that sent it) in this
+process, the two agents as real processes, each reaching the broker through a fault proxy
+of its own (tests/soak/world.py).
 
-    kill, term, pause          the active, or the standby (SIGKILL, SIGTERM, SIGSTOP/SIGCONT)
-    cut, blackhole, delay      an agent's link to the broker (the proxy)
-    broker_restart             the broker restarts, the store keeping its contents (on disk)
-    broker_restart_forget      the store restarts without them (the lock and keys vanish)
-    unit_silent, unit_garbage  one unit stops answering, or answers garbage
-    line_unplug                the whole line goes away and comes back
+Shapes: `multidrop` (N addressed units, `--units`) or `p2p` (one unaddressed controller,
+configured as a single device). The agents run at 115200 baud and the fake line holds each
+transaction for its line time at that rate (`--emulate-baud`, 0 for none): at 9600 baud a
+transaction takes about 70 ms, so a line of 32 could not carry the load below (one change a
+unit a second is a read and a write each, 64 transactions a second, 4.5 s of line time a
+second); at 115200 it takes about 6 ms, the load fits beside the polls, and every
+transaction still has a real span on the wire (first byte to last) for the lease check.
 
-The checker (tests/soak/checker.py) is fed by the fake line's own records and by a hook on
-the store, never by the agents. When the time is up the faults stop, and every device must
-come to agree. The last line printed is one JSON object: the faults injected by kind,
-violations (target 0), changes lost (target 0), recovery times per fault kind (p50/p99:
-from the end of a fault until an instance holds the lease and drives the line) and the
-changes made.
+Load (tests/soak/load.py), on a thread of its own, independent of the faults: one remote
+change per unit per second, fenced with the lock's current version, and panel changes at
+random units (one per unit every four seconds), some of them right after a remote change to
+the same unit, within its least write interval (a panel change during a write wait).
+
+Faults (tests/soak/faults.py), one at a time from a seeded catalogue: of the pair, its links
+and the store (`pair`), of the units (`unit`: lost, late, slow, garbled replies and line
+noise, which exercise the driver's waits), and combinations where a second fault hits while
+the pair is still recovering from the first (`combined`). After each single fault the pair is
+whole again before the next.
+
+Checks: the checker (tests/soak/checker.py), fed only by the fake line's records and the
+store's own record of writes, never by the agents: one master on the line, the newest token
+on every write, no change lost, and every transaction an instance put on the line within a
+lease the store granted it. Liveness (tests/soak/liveness.py) is sampled every 25 ms
+throughout: a gap with no active instance is held against its fault's bound. Each fault's
+recovery (until an instance holds the lease by a grant or renewal since the fault ended,
+or the unit answers again) is held against the same bound. When the time is up the load and
+the faults stop, and every device must come to agree.
+
+The last line printed is one JSON object: the configuration, the faults injected by kind,
+the load made by kind, what the checker checked, violations (target 0) with the first ones'
+details, changes lost (target 0), recovery times (p50/p99) and the worst time with no active
+per fault kind.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import re
-import signal
 import sys
 import tempfile
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from agent.emulator.embedded import EmbeddedStateStore
-from agent.simulator.line import FakeLine
-from tests.harness.proxy import FaultProxy
-from tests.soak.checker import Checker, LineEvent, UnitEvent
-from tests.support.paho_client import PahoStoreClient
-from tests.support.ports import free_port
-from tests.support.processes import AgentProcess
-from tests.support.rig import RECORD_OF_20, BackgroundLoop
-from tests.support.store_watch import watch_writes
+from tests.soak.faults import UNIT_BOUND_S, Injector, catalogue
+from tests.soak.liveness import SLACK_S, Sampler, describe, judge, report
+from tests.soak.load import Load
+from tests.soak.world import LINE, PROBE_S, SHAPES, Agent, World, device_id, wait_until
 
-LINE = "soak"
-ACTIVE = re.compile(r"became active")
-STEPPED_DOWN = re.compile(r"stepped down to standby")
-VALUES = [n / 2 for n in range(30, 60)]  # 15.0 .. 29.5, on the controllers' grid
-PROBE_S = 2.0
-
-
-def device_id(address: int) -> str:
-    return f"s{address:02d}"
-
-
-@dataclass
-class Agent:
-    name: str
-    process: AgentProcess
-    proxy: FaultProxy
-    stopped: bool = False  # SIGSTOPped by the harness
-    expected_exit: bool = False  # ended by the harness
-    active: bool = False
-    read_lines: int = 0
-
-
-@dataclass
-class Stats:
-    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    recovery: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
-    changes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    died: list[str] = field(default_factory=list)
-    not_recovered: list[str] = field(default_factory=list)
-
-
-class World:
-    def __init__(self, directory: Path, units: int, ttl_ms: int, rng: random.Random) -> None:
-        self.directory = directory
-        self.units = units
-        self.ttl_ms = ttl_ms
-        self.rng = rng
-        self.background = BackgroundLoop()
-        self.port = free_port()
-        self.data_dir = directory / "store"
-        self.checker = Checker(
-            {n: device_id(n) for n in range(1, units + 1)}, f"{LINE}\\lock".encode()
-        )
-        self.store = self._start_store(keep=True)
-        self.line = FakeLine(units=units, setpoint=20.0, time_constant_s=30.0)
-        self.background.run(self.line.start(tcp_port=0, panel_port=0))
-        self.background.call(self._seed)
-        self.agents: dict[str, Agent] = {}
-        self.client = PahoStoreClient("127.0.0.1", self.port, "soak-driver")
-        self._line_seq = 0
-        self._unit_seen: dict[tuple[int, str], float] = {}
-        self.stats = Stats()
-
-    # ------------------------------------------------------------------ the store
-
-    def _start_store(self, *, keep: bool) -> EmbeddedStateStore:
-        if not keep:
-            for file in self.data_dir.glob("*"):
-                file.unlink()
-        store = EmbeddedStateStore("127.0.0.1", self.port, data_dir=self.data_dir)
-        self._hook(store)
-        self.background.run(store.start())
-        return store
-
-    def _hook(self, store: EmbeddedStateStore) -> None:
-        watch_writes(store.store, self.checker.store.append)
-
-    def _seed(self) -> None:
-        for n in range(1, self.units + 1):
-            now = f"{time.time_ns() // 1_000_000:015d}:00000:seed"
-            payload = b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
-                len(f"{device_id(n)}\\synced"),
-                f"{device_id(n)}\\synced".encode(),
-                len(RECORD_OF_20),
-                RECORD_OF_20,
-            )
-            self.store.store.handle("seed", payload, now, None)
-
-    def restart_store(self, *, keep: bool, outage_s: float) -> None:
-        self.background.run(self.store.stop())
-        if not keep:
-            self.checker.wiped_at.append(time.monotonic())
-        time.sleep(outage_s)  # the outage is the fault itself
-        self.store = self._start_store(keep=keep)
-        self.client.close()
-        self.client = PahoStoreClient("127.0.0.1", self.port, f"soak-driver-{time.monotonic_ns()}")
-
-    # ------------------------------------------------------------------ agents
-
-    def start_agent(self, name: str) -> Agent:
-        proxy = FaultProxy(("127.0.0.1", self.port))
-        self.background.run(proxy.start())
-        env = {
-            "AGENT_LINE_ID": LINE,
-            "AGENT_DEVICES": ",".join(f"{device_id(n)}@{n}" for n in range(1, self.units + 1)),
-            "AGENT_INSTANCE_ID": name,
-            "AGENT_STATE_DIR": str(self.directory / f"state-{name}"),
-            "AGENT_MQTT__HOST": "127.0.0.1",
-            "AGENT_MQTT__PORT": str(proxy.port),
-            "AGENT_MQTT__KEEPALIVE_S": "2",
-            "AGENT_MQTT__RECONNECT_MIN_S": "0.1",
-            "AGENT_MQTT__RECONNECT_MAX_S": "2",
-            "AGENT_MQTT__REQUEST_TIMEOUT_S": "2",
-            "AGENT_SERIAL__URL": str(self.line.tcp_url),
-            "AGENT_SERIAL__POLL_INTERVAL_S": "0.2",
-            "AGENT_SERIAL__MIN_WRITE_INTERVAL_S": "0.2",
-            "AGENT_SERIAL__PROBE_INTERVAL_S": str(PROBE_S),
-            "AGENT_LOCK__TTL_MS": str(self.ttl_ms),
-            "AGENT_TELEMETRY__INTERVAL_S": "5",
-            "AGENT_LOG_LEVEL": "INFO",
-        }
-        process = AgentProcess([], env=env, merge_stderr=True)
-        agent = Agent(name, process, proxy)
-        old = self.agents.get(name)
-        if old is not None:
-            self.background.run(old.proxy.stop())
-        self.agents[name] = agent
-        return agent
-
-    def refresh_roles(self) -> None:
-        for agent in self.agents.values():
-            if not agent.stopped:
-                agent.process.drain()
-            for line in agent.process.lines[agent.read_lines :]:
-                if ACTIVE.search(line):
-                    agent.active = True
-                elif STEPPED_DOWN.search(line):
-                    agent.active = False
-            agent.read_lines = len(agent.process.lines)
-            code = agent.process.proc.poll()
-            if code is not None:
-                agent.active = False
-                if not agent.expected_exit and agent.name not in self.stats.died:
-                    tail = "".join(agent.process.lines[-5:])
-                    self.stats.died.append(f"{agent.name} exited {code}: {tail}")
-
-    def active(self) -> Agent | None:
-        self.refresh_roles()
-        live = [a for a in self.agents.values() if a.active and not a.stopped]
-        return live[0] if live else None
-
-    def lock_holder(self) -> str | None:
-        entry = self.background.call(lambda: self.store.store.entry(f"{LINE}\\lock".encode()))
-        return None if entry is None else entry.value.decode(errors="replace").split("#")[0]
-
-    def driving(self) -> bool:
-        """An instance holds the lease and drives the line."""
-        agent = self.active()
-        return agent is not None and self.lock_holder() == agent.name
-
-    def driving_since(self, moment: float) -> bool:
-        """An active instance holds the lease by a grant or renewal of the store's after
-        `moment` (it is back, not just still named in the store)."""
-        agent = self.active()
-        if agent is None:
-            return False
-        lock = f"{LINE}\\lock".encode()
-        holder = agent.name.encode()
-        return any(
-            event.key == lock
-            and event.accepted
-            and event.at > moment
-            and (event.value or b"").split(b"#")[0] == holder
-            for event in reversed(self.checker.store)
-        )
-
-    def line_answered_since(self, address: int | None, moment: float) -> bool:
-        def answered() -> bool:
-            return any(
-                r.at > moment and r.answered and (address is None or r.address == address)
-                for r in self.line.records
-            )
-
-        return bool(self.background.call(answered))
-
-    # ------------------------------------------------------------------ the line's records
-
-    def collect(self) -> None:
-        def take() -> tuple[list[Any], list[tuple[int, str, float, float]]]:
-            records = self.line.records_since(self._line_seq)
-            units = []
-            for unit in self.line.units:
-                assert unit.address is not None
-                for kind, items in (("panel", unit.panel_changes), ("write", unit.writes)):
-                    for item in items:
-                        units.append((unit.address, kind, item.at, item.value))
-            return records, units
-
-        records, units = self.background.call(take)
-        for record in records:
-            self._line_seq = max(self._line_seq, record.seq)
-            self.checker.line.append(
-                LineEvent(
-                    record.at,
-                    record.client,
-                    record.address,
-                    record.kind,
-                    record.value,
-                    record.other_client is not None,
-                )
-            )
-        for address, kind, at, value in units:
-            key = (address, kind)
-            if at > self._unit_seen.get(key, float("-inf")):
-                self.checker.units.append(UnitEvent(at, address, kind, value))
-        for address in range(1, self.units + 1):
-            for kind in ("panel", "write"):
-                seen = [e.at for e in self.checker.units if e.address == address and e.kind == kind]
-                if seen:
-                    self._unit_seen[(address, kind)] = max(seen)
-
-    def unit_setpoints(self) -> dict[int, float]:
-        return self.background.call(
-            lambda: {n: self.line.unit(n).setpoint for n in range(1, self.units + 1)}
-        )
-
-    def stored_setpoints(self) -> dict[int, bytes | None]:
-        def read() -> dict[int, bytes | None]:
-            entries = {
-                n: self.store.store.entry(f"{device_id(n)}\\setPoint".encode())
-                for n in range(1, self.units + 1)
-            }
-            return {n: None if e is None else e.value for n, e in entries.items()}
-
-        return self.background.call(read)
-
-    def settle_and_check(self) -> dict[str, Any]:
-        """Once faults stop: waits for every controller and its set point key to agree,
-        then runs the checker over everything recorded; its summary."""
-
-        def agree() -> bool:
-            units, stored = self.unit_setpoints(), self.stored_setpoints()
-            return all((value := stored[n]) is not None and float(value) == units[n] for n in units)
-
-        wait_until(agree, 10 * self.ttl_ms / 1000 + 20, step=0.2)
-        self.collect()
-        final_units, final_store = self.unit_setpoints(), self.stored_setpoints()
-        self.refresh_roles()
-        self.checker.check_one_master()
-        self.checker.check_tokens()
-        self.checker.check_changes(final_units, final_store)
-        return self.checker.summary()
-
-    def close(self) -> None:
-        for agent in self.agents.values():
-            if agent.stopped:
-                agent.process.signal(signal.SIGCONT)
-            agent.expected_exit = True
-            agent.process.stop()
-            self.background.run(agent.proxy.stop())
-        self.client.close()
-        self.background.run(self.line.stop())
-        self.background.run(self.store.stop())
-        self.background.close()
-
-
-# ---------------------------------------------------------------------------- faults
-
-
-# How often each fault is picked, relatively.
-FAULT_WEIGHTS: dict[str, int] = {
-    "kill": 3,
-    "term": 2,
-    "pause": 2,
-    "cut": 2,
-    "blackhole": 2,
-    "delay": 1,
-    "broker_restart": 2,
-    "broker_restart_forget": 1,
-    "unit_silent": 1,
-    "unit_garbage": 1,
-    "line_unplug": 1,
-}
-
-
-class Faults:
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.rng = world.rng
-        self.ttl_s = world.ttl_ms / 1000
-
-    def pick(self) -> str:
-        kinds = list(FAULT_WEIGHTS)
-        return self.rng.choices(kinds, weights=[FAULT_WEIGHTS[k] for k in kinds])[0]
-
-    def inject(self, kind: str) -> tuple[float, int | None]:
-        """Carries out one fault; returns when it ended (monotonic), and the unit it hit."""
-        world = self.world
-        target = self._target()
-        if kind in ("kill", "term"):
-            target.expected_exit = True
-            target.process.signal(signal.SIGKILL if kind == "kill" else signal.SIGTERM)
-            target.process.proc.wait(15)
-            ended = time.monotonic()
-            self._restart_later(target.name)
-            return ended, None
-        if kind == "pause":
-            target.stopped = True
-            target.process.signal(signal.SIGSTOP)
-            time.sleep(self.rng.uniform(0.5, 2.5) * self.ttl_s)
-            target.process.signal(signal.SIGCONT)
-            target.stopped = False
-            return time.monotonic(), None
-        if kind in ("cut", "blackhole", "delay"):
-            proxy = target.proxy
-            if kind == "cut":
-                world.background.call(proxy.cut)
-                time.sleep(self.rng.uniform(0.2, 1.5))
-            elif kind == "blackhole":
-                world.background.call(proxy.blackhole)
-                time.sleep(self.rng.uniform(0.5, 2.0) * self.ttl_s)
-            else:
-                delay = self.rng.uniform(0.1, 0.4) * self.ttl_s
-                world.background.call(lambda: proxy.delay(delay))
-                time.sleep(self.rng.uniform(1, 3) * self.ttl_s)
-            world.background.call(proxy.set_pass)
-            return time.monotonic(), None
-        if kind in ("broker_restart", "broker_restart_forget"):
-            world.restart_store(keep=kind == "broker_restart", outage_s=self.rng.uniform(0.2, 2.0))
-            return time.monotonic(), None
-        address = self.rng.randrange(1, world.units + 1)
-        unit = world.line.unit(address)
-        if kind == "unit_silent":
-            seconds = self.rng.uniform(1, 5)
-            world.background.call(lambda: unit.fault("SILENT", seconds))
-            time.sleep(seconds)
-        elif kind == "unit_garbage":
-            world.background.call(lambda: unit.fault("GARBAGE", self.rng.randrange(1, 5)))
-        else:  # line_unplug
-            seconds = self.rng.uniform(0.5, 3)
-            world.background.call(lambda: world.line.fault("UNPLUG", seconds))
-            time.sleep(seconds)
-            return time.monotonic(), 0
-        return time.monotonic(), address
-
-    def _target(self) -> Agent:
-        world = self.world
-        active = world.active()
-        standby = [
-            a for a in world.agents.values() if a is not active and a.process.proc.poll() is None
-        ]
-        if active is not None and (not standby or self.rng.random() < 0.7):
-            return active
-        return standby[0] if standby else next(iter(world.agents.values()))
-
-    def _restart_later(self, name: str) -> None:
-        # Back as the standby after a while: the pair is whole again before the next fault.
-        time.sleep(self.rng.uniform(0.2, 1.0))
-        self.world.start_agent(name)
-
-
-# ---------------------------------------------------------------------------- the driver
-
-
-class Driver:
-    def __init__(self, world: World) -> None:
-        self.world = world
-        self.rng = world.rng
-        self.recent: dict[int, list[float]] = defaultdict(list)
-
-    def _value(self, address: int) -> float:
-        recent = self.recent[address]
-        value = self.rng.choice([v for v in VALUES if v not in recent])
-        recent.append(value)
-        del recent[:-8]
-        return value
-
-    def change(self) -> None:
-        world = self.world
-        address = self.rng.randrange(1, world.units + 1)
-        value = self._value(address)
-        if self.rng.random() < 0.5:
-            unit = world.line.unit(address)
-            world.background.call(lambda: unit.panel_setpoint(value))
-            world.stats.changes["panel"] += 1
-            return
-        try:
-            lock = world.client.request("GET", f"{LINE}\\lock")
-            token = lock.prop("__ts")
-            if lock.payload == b"$-1\r\n" or token is None:
-                world.stats.changes["remote_no_active"] += 1
-                return
-            reply = world.client.request(
-                "SET", f"{device_id(address)}\\setPoint", f"{value:.1f}", ft=token
-            )
-        except Exception:
-            world.stats.changes["remote_failed"] += 1
-            return
-        if reply.payload == b"+OK\r\n":
-            world.stats.changes["remote"] += 1
-        else:
-            world.stats.changes["remote_refused"] += 1
-
-
-# ---------------------------------------------------------------------------- the run
+__all__ = ["LINE", "Agent", "World", "device_id", "run", "wait_until"]
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -453,78 +72,114 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def wait_until(predicate: Any, timeout: float, step: float = 0.05) -> float | None:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if predicate():
-            return time.monotonic() - started
-        time.sleep(step)
-    return None
-
-
-def run(seconds: float, seed: int, units: int, ttl_ms: int) -> dict[str, Any]:
+def run(
+    seconds: float,
+    seed: int,
+    units: int = 4,
+    ttl_ms: int = 3000,
+    *,
+    shape: str = "multidrop",
+    min_write_interval_s: float = 0.5,
+    emulate_baud: int | None = 115_200,
+    faults: str = "all",
+    load: bool = True,
+    logs: Path | None = None,
+) -> dict[str, Any]:
     rng = random.Random(seed)
+    weights = catalogue(faults)
+    ttl_s = ttl_ms / 1000
+    began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        world = World(Path(tmp), units, ttl_ms, rng)
+        world = World(
+            Path(tmp),
+            units,
+            ttl_ms,
+            rng,
+            shape=shape,
+            min_write_interval_s=min_write_interval_s,
+            emulate_baud=emulate_baud or None,
+        )
+        sampler = Sampler(world.live, world.collect)
+        generator = Load(world, seed) if load else None
+        spans = []
+        details: list[str] = []
         try:
             world.start_agent("a")
             assert wait_until(world.driving, 30), "no active at start"
             world.start_agent("b")
-            faults, driver = Faults(world), Driver(world)
-            ttl_s = ttl_ms / 1000
+            sampler.start()
+            if generator is not None:
+                generator.start()
+            injector = Injector(world, weights)
             ends_at = time.monotonic() + seconds
             next_fault = time.monotonic() + rng.uniform(1, 3) * ttl_s
-            while time.monotonic() < ends_at:
-                driver.change()
-                world.collect()
-                if time.monotonic() >= next_fault:
-                    kind = faults.pick()
-                    world.stats.faults[kind] += 1
-                    ended, unit = faults.inject(kind)
-                    # Liveness: an instance holds the lease (granted or renewed since the
-                    # fault ended) and drives, within TTL + 300 ms (a store that forgot its
-                    # lock adds the lock delay: one more TTL). A unit's fault ends when it
-                    # answers again (0: the whole line).
-                    bound = ttl_s + 0.3 + (ttl_s if kind == "broker_restart_forget" else 0)
-                    if unit is not None:
-                        # A quarantined unit is probed after PROBE_S, then twice as late.
-                        bound = 3 * PROBE_S + 0.3
-                    if unit is None:
-                        took = wait_until(
-                            lambda ended=ended: world.driving_since(ended), bound + 30
-                        )
-                    else:
-                        address = None if unit == 0 else unit
-                        took = wait_until(
-                            lambda a=address, e=ended: world.line_answered_since(a, e), bound + 30
-                        )
-                    recovered = time.monotonic() - ended if took is not None else None
-                    if recovered is None or recovered > bound:
-                        world.stats.not_recovered.append(
-                            f"{kind}: {'never' if recovered is None else f'{recovered:.2f} s'} "
-                            f"(bound {bound:.2f} s)"
-                        )
-                    if recovered is not None:
-                        world.stats.recovery[kind].append(recovered)
-                    next_fault = time.monotonic() + rng.uniform(1, 2) * ttl_s
-                time.sleep(rng.uniform(0.1, 0.6))
-
+            while weights and time.monotonic() < ends_at:
+                time.sleep(max(0.0, min(next_fault, ends_at) - time.monotonic()))
+                if time.monotonic() >= ends_at:
+                    break
+                # The pair is whole again (a killed instance back as the standby) before
+                # the next fault; a combination makes its own second fault.
+                wait_until(world.whole, 30)
+                span, unit = injector.inject(injector.pick())
+                world.stats.faults[span.kind] += 1
+                spans.append(span)
+                recover(world, span, unit)
+                next_fault = time.monotonic() + rng.uniform(1, 2) * ttl_s
+            if generator is not None:
+                generator.stop()
             summary = world.settle_and_check()
+            sampler.stop()
+            judged = judge(sampler.gaps, spans, ttl_s)
+            for item in judged:
+                if item.violation:
+                    details.append(describe(item))
+            violations_shown = summary["first_violations"] + details[:5]
+            if logs is not None:
+                world.write_logs(logs)
+                (logs / "faults.txt").write_text(
+                    "".join(f"{f.started:.3f} {f.ended:.3f} {f.kind}\n" for f in spans)
+                )
+                excerpts = [
+                    (v.at, f"{v.kind}: {v.detail}") for v in world.checker.violations[:5]
+                ] + [(item.gap.start, describe(item)) for item in judged if item.violation][:5]
+                with (logs / "violations.txt").open("w") as out:
+                    for at, text in excerpts:
+                        out.write(f"== {text}\n")
+                        for slot in sorted({int(n) for n in re.findall(r"\bs(\d\d)\b", text)}):
+                            out.write(f"-- s{slot:02d} as the line and the store saw it\n")
+                            out.write("\n".join(world.timeline(slot, at)) + "\n")
+                        out.write("-- the agents' lines\n")
+                        out.write("\n".join(world.logs_around(at)) + "\n\n")
         finally:
+            if generator is not None:
+                generator.stop()
+            sampler.stop()
             world.close()
     stats = world.stats
-    violations = summary["violations"] + len(stats.died) + len(stats.not_recovered)
+    over = [item for item in judged if item.violation]
+    violations = summary["violations"] + len(stats.died) + len(stats.not_recovered) + len(over)
     return {
         "seconds": seconds,
         "seed": seed,
-        "units": units,
+        "shape": shape,
+        "units": world.units,
         "ttl_ms": ttl_ms,
-        "faults": dict(stats.faults),
+        "min_write_interval_s": min_write_interval_s,
+        "emulate_baud": emulate_baud or None,
+        "poll_interval_s": world.poll_interval_s,
+        "faults": dict(sorted(stats.faults.items())),
+        "load": dict(sorted(generator.made.items())) if generator is not None else {},
+        "checked": {
+            **summary["checked"],
+            "liveness samples": sampler.samples,
+            "liveness worst sampling step ms": round(sampler.worst_step_s * 1000),
+        },
         "violations": violations,
         "violations_by_kind": {
             **summary["violations_by_kind"],
             **({"process_died": len(stats.died)} if stats.died else {}),
             **({"not_recovered_in_time": len(stats.not_recovered)} if stats.not_recovered else {}),
+            **({"no_active_too_long": len(over)} if over else {}),
         },
         "lost": summary["lost"],
         "raced_panel_changes": summary["raced_panel_changes"],
@@ -536,23 +191,96 @@ def run(seconds: float, seed: int, units: int, ttl_ms: int) -> dict[str, Any]:
             }
             for kind, values in sorted(stats.recovery.items())
         },
-        "changes": dict(stats.changes),
-        "details": summary["first_violations"] + stats.died[:5] + stats.not_recovered[:5],
+        "no_active": report(judged),
+        "sampler_errors": sampler.errors,
+        "took_s": round(time.monotonic() - began),
+        "details": violations_shown + stats.died[:5] + stats.not_recovered[:5],
     }
+
+
+def recover(world: World, span: Any, unit: int | None) -> None:
+    """Waits until the line is served again after `span`: an instance holds the lease by a
+    grant or renewal since the fault ended (a unit's fault: the unit, or any unit for the
+    whole line, answered since); notes the time, and a miss of the bound."""
+    ended = span.ended
+    what = span.kind
+    if unit is None:
+        bound = span.bound_s
+        took = wait_until(lambda: world.driving_since(ended), bound + 30)
+    else:
+        bound = unit_bound(world, span, unit)
+        address = None if unit == 0 or world.shape == "p2p" else unit
+        if unit:
+            what += f" of s{unit:02d}"
+        took = wait_until(lambda: world.line_answered_since(address, ended), bound + 30)
+    recovered = time.monotonic() - ended if took is not None else None
+    if recovered is None or recovered > bound:
+        world.stats.not_recovered.append(
+            f"{what} ended at {ended:.3f}: "
+            f"{'never' if recovered is None else f'{recovered:.2f} s'} (bound {bound:.2f} s)"
+        )
+    if recovered is not None:
+        world.stats.recovery[span.kind].append(recovered)
+
+
+def unit_bound(world: World, span: Any, unit: int) -> float:
+    """How soon a unit answers again after its fault: a quarantined unit is probed after
+    PROBE_S, then each time twice as late (at most ten times PROBE_S); the next probe comes
+    within twice the longest wait between the unit's transactions during the fault."""
+    world.collect()
+    stamps = [
+        e.at
+        for e in world.checker.line
+        if span.started <= e.at <= span.ended and (unit == 0 or e.address == unit)
+    ]
+    longest = max(
+        (b - a for a, b in itertools.pairwise([span.started, *stamps, span.ended])), default=0.0
+    )
+    return max(UNIT_BOUND_S, min(2 * longest, 10 * PROBE_S) + SLACK_S)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--units", type=int, default=4)
+    parser.add_argument("--shape", choices=SHAPES, default="multidrop")
+    parser.add_argument("--units", type=int, default=4, help="units of a multidrop line")
     parser.add_argument("--ttl-ms", type=int, default=3000)
+    parser.add_argument("--min-write-interval-s", type=float, default=0.5)
+    parser.add_argument(
+        "--emulate-baud", type=int, default=115_200, help="line time at this rate (0: none)"
+    )
+    parser.add_argument(
+        "--faults", default="all", help="groups (pair, unit, combined, all) and kinds, by commas"
+    )
+    parser.add_argument("--no-load", action="store_true", help="no remote or panel changes")
+    parser.add_argument(
+        "--logs", type=Path, help="write every instance's lines and the violations' context here"
+    )
     args = parser.parse_args()
-    result = run(args.seconds, args.seed, args.units, args.ttl_ms)
+    try:
+        catalogue(args.faults)
+    except ValueError as exc:
+        parser.error(str(exc))
+    result = run(
+        args.seconds,
+        args.seed,
+        args.units,
+        args.ttl_ms,
+        shape=args.shape,
+        min_write_interval_s=args.min_write_interval_s,
+        emulate_baud=args.emulate_baud,
+        faults=args.faults,
+        load=not args.no_load,
+        logs=args.logs,
+    )
     for kind, count in sorted(result["faults"].items()):
         recovery = result["recovery_ms"].get(kind)
+        gaps = result["no_active"].get(kind)
         shown = f"recovery p50 {recovery['p50']} ms, p99 {recovery['p99']} ms" if recovery else ""
-        print(f"  {kind:<24} {count:>4}  {shown}", flush=True)
+        if gaps:
+            shown += f"; no active at worst {gaps['worst_gap_ms']} ms"
+        print(f"  {kind:<26} {count:>4}  {shown}", flush=True)
     for detail in result["details"]:
         print(f"  ! {detail}", flush=True)
     print(json.dumps(result), flush=True)

@@ -1,0 +1,524 @@
+"""The soak's world: the embedded store, the fake line and a pair of agent processes, each
+reaching the broker through a fault proxy of its own and the line through a port of its own
+(so that every transaction on the wire names the instance that sent it), with what the
+checker is fed from them.
+
+Two shapes of line: `multidrop`, N addressed units on one line (`AGENT_LINE_ID` and
+`AGENT_DEVICES`, the lock `soak\\lock`), and `p2p`, one unaddressed controller configured as a
+single device (`AGENT_DEVICE_ID=s01`, the lock `s01\\lock`), whose line-protocol driver has to
+wait out a late reply before its next request. Units are named by slot 1..N; on a p2p line
+slot 1 is the one unit (address None).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import signal
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.controller import line_protocol as lp
+from agent.controller.line_driver import TURNAROUND_S
+from agent.controller.timing import LineTiming
+from agent.emulator.embedded import EmbeddedStateStore
+from agent.simulator.line import FakeLine, RequestRecord, Unit
+from tests.harness.proxy import FaultProxy
+from tests.soak.checker import Checker, LineEvent, UnitEvent
+from tests.support.paho_client import PahoStoreClient
+from tests.support.ports import free_port
+from tests.support.processes import AgentProcess
+from tests.support.rig import RECORD_OF_20, BackgroundLoop
+from tests.support.store_watch import watch_writes
+
+LINE = "soak"
+ACTIVE = re.compile(r"became active")
+STEPPED_DOWN = re.compile(r"stepped down to standby|handing over")
+READY = re.compile(r"started as (standby|active)")
+VALUES = [n / 2 for n in range(30, 60)]  # 15.0 .. 29.5, on the controllers' grid
+PROBE_S = 2.0
+SHAPES = ("multidrop", "p2p")
+
+
+def device_id(address: int) -> str:
+    return f"s{address:02d}"
+
+
+def wait_until(predicate: Any, timeout: float, step: float = 0.05) -> float | None:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(step)
+    return None
+
+
+@dataclass
+class Agent:
+    name: str
+    process: AgentProcess
+    proxy: FaultProxy
+    stopped: bool = False  # SIGSTOPped by the harness
+    expected_exit: bool = False  # ended by the harness
+    active: bool = False
+    read_lines: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None
+    """When its "started as" line was read (monotonic)."""
+    stamped: list[tuple[float, str]] = field(default_factory=list)
+    """Its lines, each with when the soak read it (monotonic, within a sampling step)."""
+
+    @property
+    def alive(self) -> bool:
+        return self.process.proc.poll() is None
+
+
+@dataclass
+class Stats:
+    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    recovery: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    changes: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    died: list[str] = field(default_factory=list)
+    not_recovered: list[str] = field(default_factory=list)
+
+
+class World:
+    def __init__(
+        self,
+        directory: Path,
+        units: int,
+        ttl_ms: int,
+        rng: random.Random,
+        *,
+        shape: str = "multidrop",
+        min_write_interval_s: float = 0.5,
+        baud: int = 115_200,
+        emulate_baud: int | None = 115_200,
+        poll_interval_s: float | None = None,
+    ) -> None:
+        if shape not in SHAPES:
+            raise ValueError(f"shape must be one of {SHAPES}, not {shape!r}")
+        self.directory = directory
+        self.shape = shape
+        self.units = 1 if shape == "p2p" else units
+        self.ttl_ms = ttl_ms
+        self.rng = rng
+        self.min_write_interval_s = min_write_interval_s
+        self.baud = baud
+        self.emulate_baud = emulate_baud
+        self.poll_interval_s = poll_interval_s or (0.2 if self.units <= 8 else 1.0)
+        timing = LineTiming(baud, 10, TURNAROUND_S)
+        self.timing = timing
+        self.reply_timeout_s = timing.reply_timeout_s(lp.MAX_LINE)
+        """The agents' reply timeout (the line driver's default at `baud`)."""
+        self.slots = list(range(1, self.units + 1))
+        self.lock_key = f"{device_id(1)}\\lock" if shape == "p2p" else f"{LINE}\\lock"
+        self.background = BackgroundLoop()
+        self.port = free_port()
+        self.data_dir = directory / "store"
+        self.checker = Checker({n: device_id(n) for n in self.slots}, self.lock_key.encode())
+        self.store_up = False
+        self.store = self._start_store(keep=True)
+        self.line = FakeLine(
+            units=None if shape == "p2p" else self.units,
+            setpoint=20.0,
+            time_constant_s=30.0,
+            emulate_baud=emulate_baud,
+        )
+        self.background.run(self.line.start(tcp_port=0, panel_port=0))
+        self.background.call(self._seed)
+        self.agents: dict[str, Agent] = {}
+        self.former: list[Agent] = []
+        """Agents that were replaced by a restart, for their logs."""
+        self.client = PahoStoreClient("127.0.0.1", self.port, "soak-driver")
+        self.stats = Stats()
+        self.late_replies = 0
+        """Transactions whose reply came after the sender had given up on it."""
+        self.missed_records = 0
+        """Line records dropped before the soak read them (the check saw less)."""
+        self._line_seq = 0
+        self._unit_seen: dict[tuple[int, str], float] = {}
+        self._roles = threading.RLock()
+        self._collecting = threading.Lock()
+
+    # ------------------------------------------------------------------ the store
+
+    def _start_store(self, *, keep: bool) -> EmbeddedStateStore:
+        if not keep:
+            for file in self.data_dir.glob("*"):
+                file.unlink()
+        store = EmbeddedStateStore("127.0.0.1", self.port, data_dir=self.data_dir)
+        self._hook(store)
+        self.background.run(store.start())
+        self.store_up = True
+        return store
+
+    def _hook(self, store: EmbeddedStateStore) -> None:
+        watch_writes(store.store, self.checker.store.append)
+
+    def _seed(self) -> None:
+        for n in self.slots:
+            now = f"{time.time_ns() // 1_000_000:015d}:00000:seed"
+            key = f"{device_id(n)}\\synced".encode()
+            payload = b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+                len(key),
+                key,
+                len(RECORD_OF_20),
+                RECORD_OF_20,
+            )
+            self.store.store.handle("seed", payload, now, None)
+
+    def restart_store(self, *, keep: bool, outage_s: float) -> None:
+        self.store_up = False
+        self.background.run(self.store.stop())
+        if not keep:
+            self.checker.wiped_at.append(time.monotonic())
+        time.sleep(outage_s)  # the outage is the fault itself
+        self.store = self._start_store(keep=keep)
+        self.client.close()
+        self.client = PahoStoreClient("127.0.0.1", self.port, f"soak-driver-{time.monotonic_ns()}")
+
+    # ------------------------------------------------------------------ agents
+
+    def agent_env(self, name: str, line_url: str, proxy_port: int) -> dict[str, str]:
+        env = {
+            "AGENT_INSTANCE_ID": name,
+            "AGENT_STATE_DIR": str(self.directory / f"state-{name}"),
+            "AGENT_MQTT__HOST": "127.0.0.1",
+            "AGENT_MQTT__PORT": str(proxy_port),
+            "AGENT_MQTT__KEEPALIVE_S": "2",
+            "AGENT_MQTT__RECONNECT_MIN_S": "0.1",
+            "AGENT_MQTT__RECONNECT_MAX_S": "2",
+            "AGENT_MQTT__REQUEST_TIMEOUT_S": "2",
+            "AGENT_SERIAL__URL": line_url,
+            "AGENT_SERIAL__BAUDRATE": str(self.baud),
+            "AGENT_SERIAL__POLL_INTERVAL_S": str(self.poll_interval_s),
+            "AGENT_SERIAL__MIN_WRITE_INTERVAL_S": str(self.min_write_interval_s),
+            "AGENT_SERIAL__PROBE_INTERVAL_S": str(PROBE_S),
+            "AGENT_LOCK__TTL_MS": str(self.ttl_ms),
+            "AGENT_TELEMETRY__INTERVAL_S": "5",
+            "AGENT_LOG_LEVEL": "INFO",
+        }
+        if self.shape == "p2p":
+            env["AGENT_DEVICE_ID"] = device_id(1)
+        else:
+            env["AGENT_LINE_ID"] = LINE
+            env["AGENT_DEVICES"] = ",".join(f"{device_id(n)}@{n}" for n in self.slots)
+        return env
+
+    def start_agent(self, name: str) -> Agent:
+        """Starts instance `name` (again), with a fault proxy of its own and its own port
+        on the line (the same port as before, when it restarts)."""
+        proxy = FaultProxy(("127.0.0.1", self.port))
+        self.background.run(proxy.start())
+        url = self.background.run(self.line.open_port(name))
+        process = AgentProcess([], env=self.agent_env(name, url, proxy.port), merge_stderr=True)
+        agent = Agent(name, process, proxy)
+        with self._roles:
+            old = self.agents.get(name)
+            if old is not None:
+                self._read(old)
+                self.background.run(old.proxy.stop())
+                self.former.append(old)
+            self.agents[name] = agent
+        return agent
+
+    def refresh_roles(self) -> None:
+        with self._roles:
+            for agent in self.agents.values():
+                self._read(agent)
+
+    def _read(self, agent: Agent) -> None:
+        if not agent.stopped and not agent.process.proc.stdout.closed:  # type: ignore[union-attr]
+            agent.process.drain()
+        now = time.monotonic()
+        for line in agent.process.lines[agent.read_lines :]:
+            agent.stamped.append((now, line))
+            if ACTIVE.search(line):
+                agent.active = True
+            elif STEPPED_DOWN.search(line):
+                agent.active = False
+            elif agent.ready_at is None and READY.search(line):
+                agent.ready_at = now
+        agent.read_lines = len(agent.process.lines)
+        code = agent.process.proc.poll()
+        if code is not None:
+            agent.active = False
+            if not agent.expected_exit and not any(
+                d.startswith(f"{agent.name} ") for d in self.stats.died
+            ):
+                tail = "".join(agent.process.lines[-5:])
+                self.stats.died.append(f"{agent.name} exited {code}: {tail}")
+
+    def active(self) -> Agent | None:
+        self.refresh_roles()
+        with self._roles:
+            live = [a for a in self.agents.values() if a.active and not a.stopped]
+        return live[0] if live else None
+
+    def standby(self) -> Agent | None:
+        """A live instance that is not the active one."""
+        return self.pair()[1]
+
+    def pair(self) -> tuple[Agent | None, Agent | None]:
+        """The active instance and a live other one, as of one look."""
+        active = self.active()
+        with self._roles:
+            others = [a for a in self.agents.values() if a is not active and a.alive]
+        return active, others[0] if others else None
+
+    def whole(self) -> bool:
+        """Both instances run and have started (one of them may be the active)."""
+        self.refresh_roles()
+        with self._roles:
+            return len(self.agents) == 2 and all(
+                a.alive and a.ready_at is not None and not a.stopped for a in self.agents.values()
+            )
+
+    def lock_holder(self) -> str | None:
+        """The instance the store names as the lock's holder now (None: nobody, or the
+        store is down)."""
+        if not self.store_up:
+            return None
+
+        def read() -> str | None:
+            store = self.store.store
+            entry = store.entry(self.lock_key.encode())
+            if entry is None:
+                return None
+            if entry.expires_at_ms is not None and entry.expires_at_ms <= store._monotonic():
+                return None
+            return entry.value.decode(errors="replace").split("#")[0]
+
+        try:
+            return self.background.call(read)
+        except Exception:
+            return None
+
+    def driving(self) -> bool:
+        """An instance holds the lease and drives the line."""
+        agent = self.active()
+        return agent is not None and self.lock_holder() == agent.name
+
+    def live(self) -> bool:
+        """What the liveness sampler notes: some instance said it became active (and not
+        since that it stepped down), runs, is not stopped, and the store holds the lock for
+        it now."""
+        holder = self.lock_holder()
+        if holder is None:
+            return False
+        self.refresh_roles()
+        with self._roles:
+            agent = self.agents.get(holder)
+            return agent is not None and agent.active and not agent.stopped and agent.alive
+
+    def driving_since(self, moment: float) -> bool:
+        """An active instance holds the lease by a grant or renewal of the store's after
+        `moment` (it is back, not just still named in the store)."""
+        agent = self.active()
+        if agent is None:
+            return False
+        lock = self.lock_key.encode()
+        holder = agent.name.encode()
+        for event in reversed(self.checker.store):
+            if event.at <= moment:
+                return False
+            if (
+                event.key == lock
+                and event.accepted
+                and (event.value or b"").split(b"#")[0] == holder
+            ):
+                return True
+        return False
+
+    def line_answered_since(self, address: int | None, moment: float) -> bool:
+        def answered() -> bool:
+            for record in reversed(self.line.records):
+                if record.at <= moment:
+                    return False
+                if record.answered and (address is None or record.address == address):
+                    return True
+            return False
+
+        return bool(self.background.call(answered))
+
+    # ------------------------------------------------------------------ units
+
+    def unit_at(self, slot: int) -> Unit:
+        return self.line.unit(None if self.shape == "p2p" else slot)
+
+    def address_of(self, slot: int) -> int | None:
+        """The address on the line of a slot (None on a p2p line)."""
+        return None if self.shape == "p2p" else slot
+
+    # ------------------------------------------------------------------ the line's records
+
+    def collect(self) -> None:
+        """Feeds the checker what the line and its units recorded since the last call."""
+        with self._collecting:
+            self._collect()
+
+    def _collect(self) -> None:
+        seen = dict(self._unit_seen)
+        slot_of = {None: 1} if self.shape == "p2p" else {n: n for n in self.slots}
+
+        def take() -> tuple[list[RequestRecord], list[UnitEvent]]:
+            records = self.line.records_since(self._line_seq)
+            events: list[UnitEvent] = []
+            for unit in self.line.units:
+                slot = slot_of[unit.address]
+                for kind, items in (("panel", unit.panel_changes), ("write", unit.writes)):
+                    last = seen.get((slot, kind), float("-inf"))
+                    new = []
+                    for item in reversed(items):
+                        if item.at <= last:
+                            break
+                        new.append(UnitEvent(item.at, slot, kind, item.value))
+                    if new:
+                        seen[(slot, kind)] = new[0].at
+                    events.extend(reversed(new))
+            return records, events
+
+        records, events = self.background.call(take)
+        if records and records[0].seq > self._line_seq + 1 and self._line_seq:
+            self.missed_records += records[0].seq - self._line_seq - 1
+        for record in records:
+            self._line_seq = max(self._line_seq, record.seq)
+            self.checker.line.append(self._line_event(record, slot_of))
+        self.checker.units.extend(events)
+        self._unit_seen = seen
+
+    def _line_event(self, record: RequestRecord, slot_of: dict[int | None, int]) -> LineEvent:
+        instance = record.client.rsplit("-", 1)[0] if "-" in record.client else None
+        if instance == "tcp":
+            instance = None
+        sent = record.at - record.waited_s  # its bytes reached the line then
+        # The instance's own bytes are its request's; the reply is the unit's. A reply after
+        # the sender's reply timeout (and the longest reply's line time) is one it gave up
+        # on: counted, to show that the faults that make them happened.
+        patience = self.reply_timeout_s + self.timing.chars_s(len(record.line) + 2 + lp.MAX_LINE)
+        if record.answered and record.ended_at - record.request_ended_at > patience:
+            self.late_replies += 1
+        return LineEvent(
+            record.at,
+            record.client,
+            slot_of.get(record.address, record.address),
+            record.kind,
+            record.value,
+            record.other_client is not None,
+            record.request_ended_at,
+            instance,
+            sent,
+        )
+
+    def unit_setpoints(self) -> dict[int, float]:
+        return self.background.call(lambda: {n: self.unit_at(n).setpoint for n in self.slots})
+
+    def stored_setpoints(self) -> dict[int, bytes | None]:
+        def read() -> dict[int, bytes | None]:
+            entries = {
+                n: self.store.store.entry(f"{device_id(n)}\\setPoint".encode()) for n in self.slots
+            }
+            return {n: None if e is None else e.value for n, e in entries.items()}
+
+        return self.background.call(read)
+
+    def agree(self) -> bool:
+        units, stored = self.unit_setpoints(), self.stored_setpoints()
+        return all((value := stored[n]) is not None and float(value) == units[n] for n in units)
+
+    def settle_and_check(self) -> dict[str, Any]:
+        """Once faults stop: waits for every controller and its set point key to agree,
+        then runs the checker over everything recorded; its summary."""
+        wait_until(self.agree, 10 * self.ttl_ms / 1000 + 20, step=0.2)
+        self.collect()
+        final_units, final_store = self.unit_setpoints(), self.stored_setpoints()
+        self.refresh_roles()
+        self.checker.check_one_master()
+        self.checker.check_tokens()
+        self.checker.check_changes(final_units, final_store)
+        self.checker.check_wire()
+        if self.late_replies:
+            self.checker.checked["replies after the sender's timeout"] = self.late_replies
+        if self.missed_records:
+            self.checker.checked["line records missed"] = self.missed_records
+        return self.checker.summary()
+
+    def logs_around(self, moment: float, before: float = 3.0, after: float = 1.0) -> list[str]:
+        """Every instance's lines read within [moment - before, moment + after]."""
+        lines = []
+        with self._roles:
+            agents = [*self.former, *self.agents.values()]
+        for agent in agents:
+            for at, line in agent.stamped:
+                if moment - before <= at <= moment + after:
+                    lines.append((at, f"{at:.3f} {agent.name}: {line.rstrip()}"))
+        return [text for _, text in sorted(lines)]
+
+    def timeline(
+        self, slot: int, moment: float, before: float = 4.0, after: float = 1.0
+    ) -> list[str]:
+        """What the checker knows of one unit within [moment - before, moment + after]: its
+        panel changes and writes, the transactions addressed to it, the store's writes of
+        its set point key, and the lock's grants."""
+        low, high = moment - before, moment + after
+        key = f"{device_id(slot)}\\setPoint".encode()
+        lock = self.lock_key.encode()
+        rows: list[tuple[float, str]] = []
+        for unit_event in self.checker.units:
+            if unit_event.address == slot and low <= unit_event.at <= high:
+                rows.append((unit_event.at, f"unit {unit_event.kind} {unit_event.value}"))
+        for line_event in self.checker.line:
+            if line_event.address == slot and low <= line_event.at <= high:
+                rows.append(
+                    (
+                        line_event.at,
+                        f"line {line_event.client} {line_event.kind}"
+                        + (f" {line_event.value}" if line_event.value is not None else "")
+                        + f" (to {line_event.ended or line_event.at:.3f})",
+                    )
+                )
+        for event in self.checker.store:
+            if event.key in (key, lock) and low <= event.at <= high:
+                rows.append(
+                    (
+                        event.at,
+                        f"store {event.client} {event.command} {event.key.decode()} "
+                        f"{(event.value or b'').decode(errors='replace')} ft={event.token} "
+                        f"{'ok' if event.accepted else 'refused'} v={event.version}",
+                    )
+                )
+        for wiped in self.checker.wiped_at:
+            if low <= wiped <= high:
+                rows.append((wiped, "store wiped"))
+        return [f"{at:.3f} {text}" for at, text in sorted(rows)]
+
+    def write_logs(self, directory: Path) -> None:
+        """Every instance's lines, each with when it was read (monotonic), one file each."""
+        directory.mkdir(parents=True, exist_ok=True)
+        with self._roles:
+            agents = [*self.former, *self.agents.values()]
+        for index, agent in enumerate(agents):
+            path = directory / f"{agent.name}-{index:02d}-pid{agent.process.proc.pid}.log"
+            path.write_text("".join(f"{at:.3f} {line}" for at, line in agent.stamped))
+
+    def close(self) -> None:
+        with self._roles:
+            agents = list(self.agents.values())
+        for agent in agents:
+            if agent.stopped:
+                agent.process.signal(signal.SIGCONT)
+                agent.stopped = False
+            agent.expected_exit = True
+            self._read(agent)
+            agent.process.stop()
+            self.background.run(agent.proxy.stop())
+        self.client.close()
+        self.background.run(self.line.stop())
+        self.store_up = False
+        self.background.run(self.store.stop())
+        self.background.close()
