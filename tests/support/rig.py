@@ -313,12 +313,17 @@ class LineRig(Rig):
 
     LINE = "floor3"
 
-    def __init__(self, tmp_path: Path, units: int, **options: Any) -> None:
+    def __init__(
+        self, tmp_path: Path, units: int, *, emulate_baud: int | None = None, **options: Any
+    ) -> None:
         self.units = units
+        self.emulate_baud = emulate_baud
         super().__init__(tmp_path, **options)
 
     def _make_device(self) -> Any:
-        return FakeLine(units=self.units, setpoint=20.0, time_constant_s=30.0)
+        return FakeLine(
+            units=self.units, setpoint=20.0, time_constant_s=30.0, emulate_baud=self.emulate_baud
+        )
 
     def device_id(self, address: int) -> str:
         return f"t{address:02d}"
