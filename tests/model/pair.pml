@@ -35,6 +35,10 @@
  *   LONG_DELAY     a write may take MARGIN - DRIFT + 1 ticks to reach the store: (2) then
  *                  fails whatever the protocol does, so this checks (2') instead, which
  *                  holds; with NO_FENCING as well, (2') fails
+ *   CHECK_THEN_WAIT  a controller write asks the gate, then waits (a quiet line, the silent
+ *                  interval, a slow write()) any number of ticks before its first byte,
+ *                  without asking again: the driver's contract (agent/controller/driver.py)
+ *                  is that nothing that can wait stands between the gate and the bytes
  * RECHECK_DELAY: a lease re-reads the lock delay until it is over, instead of computing its
  * wait once at the acquisition. STORE_KEEPS: the store never restarts without its contents.
  * NO_SHORTCUT: store_kept_its_contents left out (the lock delay is never cut by a record).
@@ -138,6 +142,12 @@ bit  seen[2];             /* L was last seen held by another */
 #else
 #define SEEN(i, v) skip
 #endif
+#ifdef CHECK_THEN_WAIT
+bit  wt[2];               /* a controller write passed the gate and waits to go out */
+#define TKEY(i) wt[i]
+#else
+#define TKEY(i) 0
+#endif
 #ifdef WITNESS
 bit  restarted;           /* the store has restarted */
 bit  fresh[2];            /* i's lease was taken after that */
@@ -180,8 +190,8 @@ byte x, y;                /* scratch, 0 between steps */
 #endif
 #define KEY1(i) ((((((conn[i] * 2 + held[i]) * 2 + gate[i]) * 4 + na[i]) * 2 + dn[i]) * 64 \
                  + dl[i]) * 64 + fr[i])
-#define KEY2(i) (((((((SKEY(i)) * 64 + gw[i]) * 2 + lk[i]) * 2 + stp[i]) * 2 + dbt[i]) \
-                 * 2 + DKEY(i)) * 2 + WKEY(i)) * 4 + ga[i]
+#define KEY2(i) ((((((((SKEY(i)) * 64 + gw[i]) * 2 + lk[i]) * 2 + stp[i]) * 2 + dbt[i]) \
+                 * 2 + DKEY(i)) * 2 + WKEY(i)) * 4 + ga[i]) * 2 + TKEY(i)
 #define SWAP(v) y = v[0]; v[0] = v[1]; v[1] = y;
 
 inline canon() {
@@ -197,6 +207,9 @@ inline canon() {
 #endif
 #else
         SWAP(md)
+#endif
+#ifdef CHECK_THEN_WAIT
+        SWAP(wt)
 #endif
 #ifdef DROP_RULE
         SWAP(seen)
@@ -268,11 +281,18 @@ inline new_serial(v) {    /* newer than every token in use */
 /* (1) at most one instance writes the controller at any moment. A write may begin at
  * any moment its instance may drive and holds the line WDUR more ticks, so two writes
  * can overlap iff the instances may drive within WDUR ticks of each other: md[i] tracks
- * that, which checks every timing of the writes at once. */
+ * that, which checks every timing of the writes at once. The gate and the first byte are
+ * one step (the driver waits for a quiet line before it asks the gate, never after);
+ * CHECK_THEN_WAIT splits them: a write that passed the gate goes out later (go_out). */
 inline observe() {
 #ifndef STORE
+#ifdef CHECK_THEN_WAIT
+    if :: MAY_DRIVE(0) -> wt[0] = 1 :: else -> skip fi;
+    if :: MAY_DRIVE(1) -> wt[1] = 1 :: else -> skip fi;
+#else
     if :: MAY_DRIVE(0) -> md[0] = WDUR + 1 :: else -> skip fi;
     if :: MAY_DRIVE(1) -> md[1] = WDUR + 1 :: else -> skip fi;
+#endif
     assert(md[0] == 0 || md[1] == 0);
 #endif
 #ifdef WITNESS
@@ -576,6 +596,9 @@ inline restart_process(i) {
 #ifdef WITNESS
     fresh[i] = 0;
 #endif
+#ifdef CHECK_THEN_WAIT
+    wt[i] = 0;               /* a process that is gone sends nothing */
+#endif
     COMPACT
 }
 
@@ -607,6 +630,19 @@ inline crash(i) {
     }
 }
 
+#ifdef CHECK_THEN_WAIT
+/* The bytes of a write that passed the gate, after its wait: not asked again. */
+inline go_out(i) {
+    d_step {
+        wt[i] ->
+        wt[i] = 0; md[i] = WDUR + 1;
+        printf("%d: a write that waited goes out\n", i);
+        assert(md[0] == 0 || md[1] == 0);
+        canon()
+    }
+}
+#endif
+
 inline instance(i) {
     if
     :: connect(i)
@@ -617,6 +653,9 @@ inline instance(i) {
     :: nex_answer(i)
     :: deleted(i)
     :: write(i)
+#ifdef CHECK_THEN_WAIT
+    :: go_out(i)
+#endif
 #ifndef NO_EXITS
     :: stop(i)
     :: exit_process(i)

@@ -183,6 +183,7 @@ QUICK_VARIANTS = [
     ("NO_CONFIRM",),  # writes with the token from before a reconnect
     ("DROP_RULE",),  # the lock delay only after a drop while L was seen held
     ("TRUST_ABSENCE",),  # an absent lock ends the lock delay, sync record or not
+    ("CHECK_THEN_WAIT", "STORE_KEEPS"),  # the driver waits between the gate and the bytes
 ]
 SLOW_VARIANTS = [
     ("STORE", "STORE_KEEPS", "LONG_DELAY", "NO_FENCING"),  # (2') needs fencing
