@@ -5,7 +5,8 @@ faults.
   second), each at its own phase, fenced with the current version of the line's lock (read
   just before, as `agent setpoint` does; a write refused for "a lower version" is tried
   once more with the lock read again).
-- Panel changes at random units, `panel_per_unit_s` a second for every unit.
+- Panel changes at random units, `panel_per_unit_s` a second for every unit, each to
+  another value than the unit holds.
 - Panel changes during a write wait: after a remote change, now and then, a panel change of
   the same unit within its least write interval.
 
@@ -109,18 +110,24 @@ class Load:
 
     # ------------------------------------------------------------------ changes
 
-    def value(self, slot: int) -> float:
+    def value(self, slot: int, besides: float | None = None) -> float:
+        """A value for a change of `slot`: none of its last few, and not `besides`."""
         recent = self.recent[slot]
-        value = self.rng.choice([v for v in VALUES if v not in recent])
+        value = self.rng.choice([v for v in VALUES if v not in recent and v != besides])
         recent.append(value)
         del recent[:-8]
         return value
 
     def panel(self, slot: int, kind: str) -> None:
-        value = self.value(slot)
+        """Turns the knob of `slot` to another value than it holds (a knob turned to the
+        value the unit holds changes nothing, and no one can tell it happened)."""
         unit = self.world.unit_at(slot)
+
+        def turn() -> None:
+            unit.panel_setpoint(self.value(slot, besides=unit.setpoint))
+
         try:
-            self.world.background.call(lambda: unit.panel_setpoint(value))
+            self.world.background.call(turn)
         except Exception:
             self.made[f"{kind}_failed"] += 1
             return

@@ -505,6 +505,29 @@ class World:
         for index, agent in enumerate(agents):
             path = directory / f"{agent.name}-{index:02d}-pid{agent.process.proc.pid}.log"
             path.write_text("".join(f"{at:.3f} {line}" for at, line in agent.stamped))
+        # What the checker was fed, one event a line, for a look after the run.
+        with (directory / "store.txt").open("w") as out:
+            for event in self.checker.store:
+                out.write(
+                    f"{event.at:.3f} {event.client} {event.command} {event.key.decode()} "
+                    f"{(event.value or b'').decode(errors='replace')} ft={event.token} "
+                    f"px={event.expiry_ms} {'ok' if event.accepted else 'refused'} "
+                    f"v={event.version}\n"
+                )
+        with (directory / "line.txt").open("w") as out:
+            for e in self.checker.line:
+                sent = e.at if e.sent is None else e.sent
+                ended = e.at if e.ended is None else e.ended
+                out.write(
+                    f"{e.at:.3f} {e.client} {e.address} {e.kind} {e.value} sent={sent:.3f} "
+                    f"ended={ended:.3f}{' COLLISION' if e.collision else ''}\n"
+                )
+        with (directory / "units.txt").open("w") as out:
+            for unit_event in sorted(self.checker.units, key=lambda e: e.at):
+                out.write(
+                    f"{unit_event.at:.3f} s{unit_event.address:02d} {unit_event.kind} "
+                    f"{unit_event.value}\n"
+                )
 
     def close(self) -> None:
         with self._roles:
