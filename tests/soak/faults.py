@@ -31,8 +31,8 @@ Combined, a second fault while the pair is still recovering from the first (grou
                                contents
     pause_active_unit_silent   the active is paused while a unit is silent: the standby takes
                                over a line with a unit that does not answer
-    kill_during_takeover       the active is killed, and the standby is killed as soon as it
-                               holds the lock, while the first is still starting again
+    kill_during_takeover       the active is killed and started again at once, and whichever
+                               instance the store grants the lock next is killed at once
     blackhole_restart          the active's link is a black hole while the store restarts
 
 Each fault returns its span: when it began, when it ended (its last part, including bytes a
@@ -291,20 +291,36 @@ class Injector:
         world = self.world
         first, second = world.pair()
         assert first is not None and second is not None
-        self._end(first, signal.SIGKILL)
+        gone = self._end(first, signal.SIGKILL)
         restarted = world.start_agent(first.name)
-        # The standby holds the lock (a grant to it), or says it took over.
-        taken = wait_until(
-            lambda: world.lock_holder() == second.name or second.active, 2 * self.ttl_s + 5
-        )
-        killed = self._end(second, signal.SIGKILL)
-        if taken is None:
-            world.stats.not_recovered.append("kill_during_takeover: the standby never took over")
-        # The fault lasts until the first is back (started, as standby) and the second is dead.
-        wait_until(lambda: restarted.ready_at is not None or world.whole(), 30)
-        ready = restarted.ready_at if restarted.ready_at is not None else time.monotonic()
-        self._restart_later(second.name)
+        # Whoever the store grants the lock next (the standby, or the first one back
+        # already) is killed at once, in the middle of its takeover.
+        wait_until(lambda: self._granted_after(gone) is not None, 2 * self.ttl_s + 5)
+        name = self._granted_after(gone)
+        if name is None:
+            world.stats.not_recovered.append(
+                f"kill_during_takeover: nobody took the lock within {2 * self.ttl_s + 5:.1f} s"
+            )
+            return time.monotonic(), None, False
+        victim = world.agents[name]
+        killed = self._end(victim, signal.SIGKILL)
+        survivor = second if victim is restarted else restarted
+        # The fault lasts until the survivor has started (the first one, back) as well.
+        wait_until(lambda: survivor.ready_at is not None, 30)
+        ready = survivor.ready_at if survivor.ready_at is not None else time.monotonic()
+        self._restart_later(victim.name)
         return max(killed, ready), None, False
+
+    def _granted_after(self, moment: float) -> str | None:
+        """The instance the store granted or renewed the lock for first after `moment`."""
+        lock = self.world.lock_key.encode()
+        found = None
+        for event in reversed(self.world.checker.store):
+            if event.at <= moment + 0.05:
+                break
+            if event.key == lock and event.command == "SET" and event.accepted:
+                found = (event.value or b"").split(b"#")[0].decode(errors="replace")
+        return found
 
     def _blackhole_restart(self) -> tuple[float, int | None, bool]:
         world = self.world

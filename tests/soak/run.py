@@ -140,6 +140,9 @@ def run(
                     "".join(f"{f.started:.3f} {f.ended:.3f} {f.kind}\n" for f in spans)
                 )
                 (logs / "gaps.txt").write_text("".join(f"{describe(j)}\n" for j in judged))
+                (logs / "checker.txt").write_text(
+                    "".join(f"{v.at:.3f} {v.kind}: {v.detail}\n" for v in world.checker.violations)
+                )
                 excerpts = [
                     (v.at, f"{v.kind}: {v.detail}") for v in world.checker.violations[:5]
                 ] + [(item.gap.start, describe(item)) for item in judged if item.violation][:5]
