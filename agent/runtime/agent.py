@@ -10,7 +10,6 @@ import functools
 import logging
 import math
 import random
-import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -26,18 +25,18 @@ from agent.client.session import ConnectionRefused, Session, SessionError, TlsSe
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.config import AgentSettings
 from agent.controller.driver import Driver, PortClaim, PortTaken, is_device_path
-from agent.controller.interface import ControllerState
 from agent.line.bus import Bus
 from agent.ops.control import SwitchoverRequest
 from agent.pair.leadership import Leadership, Role
 from agent.runtime import telemetry
 from agent.runtime.clock_guard import ClockStepDetector
 from agent.runtime.control import LineControl
+from agent.runtime.driving import ActiveLine
 from agent.runtime.health import DeviceView, Health, InstanceView
 from agent.runtime.health_http import HealthEndpoint
-from agent.runtime.line import make_driver, make_units, warn_about, write_intervals
+from agent.runtime.line import make_driver, warn_about
 from agent.runtime.notify import Notifier
-from agent.sync.decisions import same
+from agent.runtime.reports import LineRate, device_snapshot, line_snapshot
 from agent.sync.device import DeviceKeys, DeviceSync
 from agent.sync.state_file import StateFile
 
@@ -69,21 +68,19 @@ class Agent:
         self.client: StateStoreClient | None = None
         self.leadership: Leadership | None = None
         self.devices: dict[str, DeviceSync] = {}
-        self.bus: Bus | None = None
+        self.active_line: ActiveLine | None = None
         self.scheduler: AsyncIOScheduler | None = None
         self._claim: PortClaim | None = None
         self._driver: Driver | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._clock_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
-        self._line_stats: tuple[float, int] | None = None  # (when, transactions) last telemetry
+        self._line_rate = LineRate()
         self.control: LineControl | None = None  # pause and switchover (agent.runtime.control)
         self.health = Health(
             settings, self.view, lambda: self.session, self.notifier.status, self.process
         )
         self._endpoint: HealthEndpoint | None = None
-        self._line_lock = asyncio.Lock()  # the line opened, closed, paused: one at a time
-        self._reconciling: asyncio.Future[Any] | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -171,6 +168,15 @@ class Agent:
             on_switchover=self._on_switchover,
         )
         self.leadership.hold_off = self.control.hold_off
+        lock = self.leadership.lock
+        self.active_line = ActiveLine(
+            s,
+            self._driver,
+            self.devices,
+            may_write=self.may_write,
+            deadline=lambda: lock.deadline,
+            spawn=self._spawn,
+        )
         assert self._driver is not None
         self.leadership.must_cover(self._driver.longest_transaction_s)
         self.leadership.look_before_contending = self._look_at_the_lock
@@ -360,62 +366,27 @@ class Agent:
     # ------------------------------------------------------------------ driving the line
 
     async def _take_over_line(self) -> None:
-        """Opens the line and reconciles every device on it, as the new active; a paused
+        """Opens the line as the new active (its devices reconciled as it goes); a paused
         line stays closed until it is resumed."""
-        async with self._line_lock:
+        assert self.active_line is not None
+        async with self.active_line.lock:
             if self.control is not None and self.control.paused:
                 log.info("the line is paused: it stays closed until resumed")
             else:
-                await self._open_line()
+                await self.active_line.open()
         self._role_changed()
 
-    async def _open_line(self) -> None:
-        assert self._driver is not None
-        self.bus = Bus(
-            self._driver,
-            [unit for unit in make_units(self.settings) if unit.name in self.devices],
-            poll_interval_s=self.settings.serial.poll_interval_s,
-            min_write_interval_s=write_intervals(self.settings),
-            probe_initial_s=self.settings.serial.probe_interval_s,
-            probe_max_s=10 * self.settings.serial.probe_interval_s,
-            on_reading=self._on_reading,
-            reading_wanted=self._reading_wanted,
-            on_availability=self._on_availability,
-            gate=self._gate,
-            driving=self.may_write,
-        )
-        await self.bus.open()
-        started = time.monotonic()
-        needs = await asyncio.gather(
-            *(sync.take_over(self.bus.device(name)) for name, sync in self.devices.items())
-        )
-        # Each device is served as soon as it is reconciled; those with a remote change
-        # the former active never applied first.
-        order = sorted(zip(needs, self.devices.values(), strict=True), key=lambda n: not n[0])
-        for _, sync in order:
-            sync.start()
-        self._reconciling = self._spawn(self._say_reconciled(started, sum(needs)))
+    @property
+    def bus(self) -> Bus | None:
+        return self.active_line.bus if self.active_line is not None else None
 
-    async def _say_reconciled(self, started: float, first: int) -> None:
-        await asyncio.gather(*(sync.reconciled.wait() for sync in self.devices.values()))
-        log.info(
-            "line open: %d device(s) reconciled in %.0f ms (%d with a remote change first)",
-            len(self.devices),
-            (time.monotonic() - started) * 1000,
-            first,
-        )
-
-    def _gate(self, lasts_s: float) -> bool:
-        """On the bus's thread, right before a transaction's first byte: this instance
-        drives the line, and its lease lasts until the transaction (`lasts_s` long at
-        most) has ended."""
-        if not self.may_write() or self.leadership is None:
-            return False
-        deadline = self.leadership.lock.deadline
-        return deadline is not None and time.monotonic() + lasts_s <= deadline
+    async def _close_line(self) -> None:
+        if self.active_line is not None:
+            await self.active_line.close()
 
     async def _step_down_line(self, reason: str) -> None:
-        async with self._line_lock:
+        assert self.active_line is not None
+        async with self.active_line.lock:
             await self._close_line()
         self._role_changed()
 
@@ -427,8 +398,8 @@ class Agent:
     async def _follow_pause(self) -> None:
         """Paused: the line closed (a transaction on it finishes first), the lock kept.
         Resumed: the active opens the line and reconciles every device."""
-        assert self.control is not None
-        async with self._line_lock:
+        assert self.control is not None and self.active_line is not None
+        async with self.active_line.lock:
             pause = self.control.pause
             if pause is not None:
                 closing = "the line is closed" if self.bus is not None else "the line stays closed"
@@ -436,7 +407,7 @@ class Agent:
                 await self._close_line()
             elif self.role is Role.ACTIVE and self.bus is None and self.may_write():
                 log.info("line resumed: reconciling every device")
-                await self._open_line()
+                await self.active_line.open()
             else:
                 log.info("line resumed")
         self._role_changed()
@@ -458,32 +429,6 @@ class Agent:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5):
                 await asyncio.gather(*(sync.reconcile() for sync in self.devices.values()))
-
-    async def _close_line(self) -> None:
-        if self._reconciling is not None:
-            self._reconciling.cancel()
-            self._reconciling = None
-        for sync in self.devices.values():
-            sync.release()
-        bus, self.bus = self.bus, None
-        if bus is not None:
-            await bus.close()
-
-    def _reading_wanted(self, device_id: str, state: ControllerState) -> bool:
-        """On the bus's thread: a routine reading is news only if it differs from what
-        was last synced (most do not, and cost the event loop nothing)."""
-        return not same(state.setpoint, self.devices[device_id].status.synced.value)
-
-    def _on_reading(self, device_id: str, state: ControllerState, at: float) -> None:
-        self.devices[device_id].polled(state, at)
-
-    def _on_availability(self, device_id: str, available: bool) -> None:
-        sync = self.devices[device_id]
-        if sync.controller is None:
-            return  # the line being opened by a takeover, or closed on the way out
-        if available:
-            sync.reconcile_soon()
-        sync.status.controller = "ok" if available else "unavailable"
 
     # ------------------------------------------------------------------ store events
 
@@ -604,63 +549,25 @@ class Agent:
                 return
 
     def snapshot(self, device_id: str) -> telemetry.Snapshot:
-        sync = self.devices[device_id]
-        active = self.role is Role.ACTIVE
-        controller = sync.controller if active else None
-        state = controller.last_state if controller is not None else None
-        counters = sync.status.counters
-        synced = sync.status.synced
-        token = self.leadership.token if self.leadership is not None and active else None
-        return telemetry.Snapshot(
-            device=device_id,
+        leadership = self.leadership
+        return device_snapshot(
+            device_id,
+            self.devices[device_id],
             line=self.line.id,
             instance=self.settings.instance_id,
-            role="active" if active else "standby",
-            setpoint=state.setpoint if state else None,
-            temperature=state.temperature if state else None,
-            output=state.output if state else None,
-            mode=state.mode.value if state and state.mode else None,
-            controller=sync.status.controller if active else None,
-            fencing_token=str(token) if token else None,
-            last_sync_time=telemetry.iso_time(sync.status.synced_at),
-            last_sync_version=str(synced.version) if synced.version else None,
-            errors={
-                "invalid_remote_values": counters.invalid_remote_values,
-                "controller_errors": counters.controller_errors,
-                "store_errors": counters.store_errors,
-                "fenced_writes_rejected": counters.fenced_writes_rejected,
-                "not_authorized": counters.not_authorized,
-                "lock_losses": self.leadership.losses if self.leadership is not None else 0,
-            },
+            active=self.role is Role.ACTIVE,
+            token=leadership.token if leadership is not None else None,
+            lock_losses=leadership.losses if leadership is not None else 0,
+            bus=self.bus,
         )
 
     def line_snapshot(self) -> telemetry.LineSnapshot:
-        bus = self.bus if self.role is Role.ACTIVE else None
-        rate: float | None = None
-        errors: dict[str, int] = {}
-        if bus is not None:
-            stats = bus.driver.stats
-            now = time.monotonic()
-            if self._line_stats is not None and now > self._line_stats[0]:
-                rate = (stats.transactions - self._line_stats[1]) / (now - self._line_stats[0])
-            self._line_stats = (now, stats.transactions)
-            errors = {
-                "transactions": stats.transactions,
-                "timeouts": stats.timeouts,
-                "corrupt_replies": stats.corrupt_replies,
-                "reopens": bus.reopen_count,
-            }
-        available = sum(not bus.schedule.quarantined(name) for name in self.devices) if bus else 0
-        return telemetry.LineSnapshot(
+        return line_snapshot(
+            self.bus if self.role is Role.ACTIVE else None,
+            self.devices,
             line=self.line.id,
             instance=self.settings.instance_id,
-            role="active" if bus is not None else "standby",
-            devices=len(self.devices),
-            available=available,
-            line_up=bus.line_up if bus is not None else None,
-            transactions_per_s=None if rate is None else round(rate, 2),
-            cycle_s=bus.schedule.last_cycle_s if bus is not None else None,
-            errors=errors,
+            rate=self._line_rate,
         )
 
     # ------------------------------------------------------------------ health

@@ -31,6 +31,8 @@ class Snapshot:
     last_sync_time: str | None
     last_sync_version: str | None
     errors: dict[str, int]
+    slow_ms: float | None = None
+    """How long its transactions take, when the unit is slow (polled less often)."""
 
 
 @dataclass(frozen=True, slots=True)

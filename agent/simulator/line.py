@@ -543,6 +543,12 @@ class FakeLine:
     ) -> None:
         await self.stop()
 
+    @property
+    def open_connections(self) -> int:
+        """Masters connected to the line on TCP now (each agent driving it holds one)."""
+        endpoints = [self._tcp, *self._named.values()]
+        return sum(len(endpoint.writers) for endpoint in endpoints if endpoint is not None)
+
     async def open_port(self, name: str) -> str:
         """Another TCP port onto the same line (a serial device server with a port per
         master), whose connections the records name `<name>-<n>`: who sent what is known

@@ -23,6 +23,7 @@ TOPIC = f"devices/{DEVICE}/telemetry"
 ERROR_COUNTERS = {
     "invalid_remote_values",
     "controller_errors",
+    "garbled_replies",
     "store_errors",
     "fenced_writes_rejected",
     "not_authorized",
@@ -42,6 +43,7 @@ FIELDS = {
     "last_sync_time",
     "last_sync_version",
     "errors",
+    "slow_ms",
 }
 READINGS = ("setpoint", "temperature", "output", "mode", "controller", "fencing_token")
 CLOUDEVENTS = ("specversion", "type", "source", "id", "time")

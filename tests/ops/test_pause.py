@@ -15,7 +15,7 @@ LOCK = f"{LINE}\\lock"
 
 def connections(line: LineRig) -> int:
     """Open connections to the fake line (each agent driving it holds one)."""
-    return line.background.call(lambda: len(line.device._tcp.writers))
+    return line.background.call(lambda: line.device.open_connections)
 
 
 def wait_connections(line: LineRig, count: int, timeout: float = 10.0) -> None:

@@ -1,0 +1,121 @@
+"""The line as the active drives it: opened at a takeover (and on resume), each device
+reconciled in order of need and served as soon as it is, closed at a step-down, a pause or
+the end. Every transaction on it passes the lease's gate (agent.controller.driver)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from agent.config import AgentSettings
+from agent.controller.driver import Driver
+from agent.controller.interface import ControllerState
+from agent.line.bus import Bus
+from agent.runtime.line import make_units, write_intervals
+from agent.sync.decisions import same
+from agent.sync.device import DeviceSync
+
+log = logging.getLogger("agent")
+
+
+class ActiveLine:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        driver: Driver,
+        devices: dict[str, DeviceSync],
+        *,
+        may_write: Callable[[], bool],
+        deadline: Callable[[], float | None],
+        spawn: Callable[[Awaitable[Any]], asyncio.Future[Any]],
+    ) -> None:
+        """`may_write()`: this instance drives the line now (active, within its lease, not
+        paused); `deadline()`: its lease's local deadline (monotonic), or None."""
+        self.settings = settings
+        self.driver = driver
+        self.devices = devices
+        self.may_write = may_write
+        self.deadline = deadline
+        self._spawn = spawn
+        self.bus: Bus | None = None
+        self.lock = asyncio.Lock()
+        """The line opened, closed, paused: one at a time."""
+        self._reconciling: asyncio.Future[Any] | None = None
+
+    async def open(self) -> None:
+        """Opens the line; each device is fenced in the store, then reconciled by its own
+        worker, those with a remote change the former active never applied first, and
+        served as soon as it is. Returns once the line is driven (before every device is
+        reconciled: a line of 32 is active within the bound, whatever its length)."""
+        self.bus = Bus(
+            self.driver,
+            [unit for unit in make_units(self.settings) if unit.name in self.devices],
+            poll_interval_s=self.settings.serial.poll_interval_s,
+            min_write_interval_s=write_intervals(self.settings),
+            probe_initial_s=self.settings.serial.probe_interval_s,
+            probe_max_s=10 * self.settings.serial.probe_interval_s,
+            on_reading=self._on_reading,
+            reading_wanted=self._reading_wanted,
+            on_availability=self._on_availability,
+            gate=self.gate,
+            driving=self.may_write,
+        )
+        await self.bus.open()
+        started = time.monotonic()
+        bus = self.bus
+        needs = await asyncio.gather(
+            *(sync.take_over(bus.device(name)) for name, sync in self.devices.items())
+        )
+        order = sorted(zip(needs, self.devices.values(), strict=True), key=lambda n: not n[0])
+        for _, sync in order:
+            sync.start()
+        self._reconciling = self._spawn(self._say_reconciled(started, sum(needs)))
+
+    async def _say_reconciled(self, started: float, first: int) -> None:
+        await asyncio.gather(*(sync.reconciled.wait() for sync in self.devices.values()))
+        log.info(
+            "line open: %d device(s) reconciled in %.0f ms (%d with a remote change first)",
+            len(self.devices),
+            (time.monotonic() - started) * 1000,
+            first,
+        )
+
+    async def close(self) -> None:
+        """Hands every device's controller back (pending work is dropped: the next active
+        reconciles) and closes the line once the transaction on it has ended."""
+        if self._reconciling is not None:
+            self._reconciling.cancel()
+            self._reconciling = None
+        for sync in self.devices.values():
+            sync.release()
+        bus, self.bus = self.bus, None
+        if bus is not None:
+            await bus.close()
+
+    def gate(self, lasts_s: float) -> bool:
+        """On the bus's thread, right before a transaction's first byte: this instance
+        drives the line, and its lease lasts until the transaction (`lasts_s` long at
+        most) has ended."""
+        if not self.may_write():
+            return False
+        deadline = self.deadline()
+        return deadline is not None and time.monotonic() + lasts_s <= deadline
+
+    def _reading_wanted(self, device_id: str, state: ControllerState) -> bool:
+        """On the bus's thread: a routine reading is news only if it differs from what
+        was last synced (most do not, and cost the event loop nothing)."""
+        return not same(state.setpoint, self.devices[device_id].status.synced.value)
+
+    def _on_reading(self, device_id: str, state: ControllerState, at: float) -> None:
+        self.devices[device_id].polled(state, at)
+
+    def _on_availability(self, device_id: str, available: bool) -> None:
+        sync = self.devices[device_id]
+        if sync.controller is None:
+            return  # the line being opened by a takeover, or closed on the way out
+        if available:
+            sync.reconcile_soon()
+        sync.status.controller = "ok" if available else "unavailable"

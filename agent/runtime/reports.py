@@ -1,0 +1,105 @@
+"""What an instance reports of its devices and its line, for telemetry and health: built
+from the device syncs, the leadership and the bus as they are at the moment asked."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from agent.line.bus import Bus
+from agent.protocol.hlc import Hlc
+from agent.runtime import telemetry
+from agent.sync.device import DeviceSync
+
+
+def device_snapshot(
+    device_id: str,
+    sync: DeviceSync,
+    *,
+    line: str,
+    instance: str,
+    active: bool,
+    token: Hlc | None,
+    lock_losses: int,
+    bus: Bus | None,
+) -> telemetry.Snapshot:
+    controller = sync.controller if active else None
+    state = controller.last_state if controller is not None else None
+    counters = sync.status.counters
+    synced = sync.status.synced
+    slow = bus.schedule.slow(device_id) if bus is not None and active else None
+    garbled = bus.schedule.errors(device_id) if bus is not None and active else 0
+    return telemetry.Snapshot(
+        device=device_id,
+        line=line,
+        instance=instance,
+        role="active" if active else "standby",
+        setpoint=state.setpoint if state else None,
+        temperature=state.temperature if state else None,
+        output=state.output if state else None,
+        mode=state.mode.value if state and state.mode else None,
+        controller=sync.status.controller if active else None,
+        fencing_token=str(token) if token and active else None,
+        last_sync_time=telemetry.iso_time(sync.status.synced_at),
+        last_sync_version=str(synced.version) if synced.version else None,
+        errors={
+            "invalid_remote_values": counters.invalid_remote_values,
+            "controller_errors": counters.controller_errors,
+            "garbled_replies": garbled,
+            "store_errors": counters.store_errors,
+            "fenced_writes_rejected": counters.fenced_writes_rejected,
+            "not_authorized": counters.not_authorized,
+            "lock_losses": lock_losses,
+        },
+        slow_ms=None if slow is None else round(slow * 1000, 1),
+    )
+
+
+class LineRate:
+    """Transactions a second between two reports."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, int] | None = None
+
+    def per_s(self, transactions: int) -> float | None:
+        now = time.monotonic()
+        rate = None
+        if self._last is not None and now > self._last[0]:
+            rate = (transactions - self._last[1]) / (now - self._last[0])
+        self._last = (now, transactions)
+        return rate
+
+
+def line_snapshot(
+    bus: Bus | None,
+    devices: Mapping[str, DeviceSync],
+    *,
+    line: str,
+    instance: str,
+    rate: LineRate,
+) -> telemetry.LineSnapshot:
+    """`bus`: the line as the active drives it; None for the standby."""
+    per_s: float | None = None
+    errors: dict[str, int] = {}
+    if bus is not None:
+        stats = bus.driver.stats
+        per_s = rate.per_s(stats.transactions)
+        errors = {
+            "transactions": stats.transactions,
+            "timeouts": stats.timeouts,
+            "corrupt_replies": stats.corrupt_replies,
+            "withheld": bus.withheld,
+            "reopens": bus.reopen_count,
+        }
+    available = sum(not bus.schedule.quarantined(name) for name in devices) if bus else 0
+    return telemetry.LineSnapshot(
+        line=line,
+        instance=instance,
+        role="active" if bus is not None else "standby",
+        devices=len(devices),
+        available=available,
+        line_up=bus.line_up if bus is not None else None,
+        transactions_per_s=None if per_s is None else round(per_s, 2),
+        cycle_s=bus.schedule.last_cycle_s if bus is not None else None,
+        errors=errors,
+    )
