@@ -41,6 +41,9 @@ STEPPED_DOWN = re.compile(r"stepped down to standby|handing over")
 READY = re.compile(r"started as (standby|active)")
 VALUES = [n / 2 for n in range(30, 60)]  # 15.0 .. 29.5, on the controllers' grid
 PROBE_S = 2.0
+QUEUED_S = 0.005
+"""A request the fake took this soon after its connection's previous transaction ended may
+have waited for it in the connection."""
 SHAPES = ("multidrop", "p2p")
 
 
@@ -115,6 +118,8 @@ class World:
         self.timing = timing
         self.reply_timeout_s = timing.reply_timeout_s(lp.MAX_LINE)
         """The agents' reply timeout (the line driver's default at `baud`)."""
+        self.slow_reply_s = timing.chars_s(2 * lp.MAX_LINE) + 0.02
+        """A reply that took longer than this came from a slow unit."""
         self.slots = list(range(1, self.units + 1))
         self.lock_key = f"{device_id(1)}\\lock" if shape == "p2p" else f"{LINE}\\lock"
         self.background = BackgroundLoop()
@@ -141,6 +146,7 @@ class World:
         self.missed_records = 0
         """Line records dropped before the soak read them (the check saw less)."""
         self._line_seq = 0
+        self._last_of: dict[str, RequestRecord] = {}
         self._unit_seen: dict[tuple[int, str], float] = {}
         self._roles = threading.RLock()
         self._collecting = threading.Lock()
@@ -397,6 +403,17 @@ class World:
         if instance == "tcp":
             instance = None
         sent = record.at - record.waited_s  # its bytes reached the line then
+        # The fake reads a connection's next request only once it has answered the one
+        # before: a request taken at the end of a long transaction of its own connection (a
+        # slow unit's) may have been sent any time after that one's request.
+        before = self._last_of.get(record.client)
+        if (
+            before is not None
+            and before.ended_at - before.request_ended_at > self.slow_reply_s
+            and sent <= before.ended_at + QUEUED_S
+        ):
+            sent = min(sent, before.request_ended_at)
+        self._last_of[record.client] = record
         # The instance's own bytes are its request's; the reply is the unit's. A reply after
         # the sender's reply timeout (and the longest reply's line time) is one it gave up
         # on: counted, to show that the faults that make them happened.
