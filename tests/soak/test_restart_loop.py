@@ -19,9 +19,12 @@ SETPOINT = SETPOINT_KEY.encode()
 
 
 def active_client(rig: Rig) -> str:
+    """The active's client id: its instance's, with the process named in the lock's holder
+    value (`a#3f9a2c1d`)."""
     entry = rig.background.call(lambda: rig.store.store.entry(LOCK_KEY.encode()))
     assert entry is not None, "nobody holds the lock"
-    return default_client_id(DEVICE, entry.value.split(b"#", 1)[0].decode())
+    instance, _, process = entry.value.decode().partition("#")
+    return f"{default_client_id(DEVICE, instance)}-{process}"
 
 
 def registered(rig: Rig, client_id: str) -> bool:
