@@ -7,6 +7,9 @@ Of the pair and its links (group `pair`):
     broker_restart             the broker restarts, the store keeping its contents (on disk)
     broker_restart_forget      the store restarts without them (the lock and keys vanish)
     line_unplug                the whole line goes away and comes back
+    pause_to_expiry            the active is stopped until just before its lease expires at the
+                               store (past its own deadline): it wakes up with the lock still
+                               its own there
 
 Of the units, exercising the driver's waits (group `unit`):
 
@@ -64,6 +67,7 @@ GROUPS: dict[str, dict[str, int]] = {
         "broker_restart": 2,
         "broker_restart_forget": 1,
         "line_unplug": 1,
+        "pause_to_expiry": 1,
     },
     "unit": {
         "unit_silent": 1,
@@ -130,7 +134,7 @@ class Injector:
         started = time.monotonic()
         if kind in GROUPS["combined"] and None in self.world.pair():
             kind = "kill"  # the pair changed since the pick
-        if kind in GROUPS["combined"]:
+        if kind in GROUPS["combined"] or kind == "pause_to_expiry":
             ended, unit, forgot = getattr(self, f"_{kind}")()
         elif kind in UNIT_FAULTS or kind == "line_noise":
             ended, unit, forgot = self._unit_fault(kind)
@@ -178,6 +182,33 @@ class Injector:
             time.sleep(seconds)
             return time.monotonic(), 0, False
         raise ValueError(f"unknown fault {kind!r}")
+
+    def _pause_to_expiry(self) -> tuple[float, int | None, bool]:
+        world = self.world
+        active = world.active()
+        if active is None:
+            return time.monotonic(), None, False  # nobody to pause
+        active.stopped = True
+        active.process.signal(signal.SIGSTOP)
+        time.sleep(0.05)  # a renewal on its way still lands
+        lock = world.lock_key.encode()
+        holder = active.name.encode()
+        last = max(
+            (
+                e.at
+                for e in world.checker.store
+                if e.key == lock
+                and e.command == "SET"
+                and e.accepted
+                and (e.value or b"").split(b"#")[0] == holder
+            ),
+            default=time.monotonic(),
+        )
+        wake = last + self.rng.uniform(0.93, 0.98) * self.ttl_s
+        time.sleep(max(0.0, wake - time.monotonic()))
+        active.process.signal(signal.SIGCONT)
+        active.stopped = False
+        return time.monotonic(), None, False
 
     def _unit_fault(self, kind: str) -> tuple[float, int | None, bool]:
         world = self.world
