@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 FAST_LINE_BAUD = 19_200
 FAST_LINE_SILENT_S = 0.00175
+TYPICAL_TURNAROUND_S = 0.005
+"""How long a thermostat usually takes before it answers (a few milliseconds): what the
+cycle's line time counts for each reply, where the reply timeout allows for far more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +48,9 @@ class LineTiming:
         return max(0.05, 2 * (self.turnaround_s + self.chars_s(longest_reply)))
 
     def transaction_s(self, request: int, reply: int) -> float:
-        """One transaction's line time: request, reply and the silence after it. (A
-        device's turnaround comes on top: up to `turnaround_s`, unknown below that.)"""
-        return self.chars_s(request) + self.chars_s(reply) + self.silent_s
+        """One transaction's line time: request, a typical turnaround, the reply and the
+        silence after it. (A device may take up to `turnaround_s` to answer.)"""
+        return self.chars_s(request) + TYPICAL_TURNAROUND_S + self.chars_s(reply) + self.silent_s
 
 
 def bits_per_char(bytesize: int, parity: str, stopbits: float) -> int:

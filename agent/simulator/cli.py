@@ -13,7 +13,7 @@ from agent.controller import line_protocol as lp
 from agent.controller.interface import DEFAULT_LIMITS, Limits
 from agent.simulator.core import DEFAULT_RECORD_LIMIT
 from agent.simulator.device import FakeDevice
-from agent.simulator.line import FakeLine
+from agent.simulator.line import DEFAULT_TURNAROUND_S, FakeLine
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,14 @@ def register(subparsers: Any) -> None:
         "byte for the line protocol, 11 for Modbus RTU)",
     )
     parser.add_argument(
+        "--turnaround-ms",
+        type=float,
+        default=DEFAULT_TURNAROUND_S * 1000,
+        metavar="MS",
+        help="with --emulate-baud: how long each unit takes before it answers "
+        "(default %(default)g ms, as real thermostats)",
+    )
+    parser.add_argument(
         "--records",
         type=_positive,
         default=DEFAULT_RECORD_LIMIT,
@@ -98,6 +106,7 @@ front panel (--panel): the line protocol (GET SP, GET STATE, ...) plus
   FAULT SILENT <seconds>  requests are read but not answered
   FAULT GARBAGE <count>   the next replies are corrupted (Modbus: a bad CRC)
   FAULT SLOW <ms>         replies are delayed
+  FAULT SLOWWRITE <ms>    replies to writes only are delayed (an EEPROM that takes its time)
   FAULT STRAY <count>     line noise before the next replies
   FAULT BADSUM <count>    a wrong checksum (CRC) on the next replies
   FAULT NOSUM <count>     no checksum (CRC) on the next replies
@@ -141,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         limits = Limits(*args.limits)
         if args.emulate_baud is not None and args.emulate_baud <= 0:
             raise ValueError(f"--emulate-baud must be > 0, not {args.emulate_baud}")
+        if args.turnaround_ms < 0:
+            raise ValueError(f"--turnaround-ms must be >= 0, not {args.turnaround_ms:g}")
     except ValueError as exc:
         print(f"agent sim-device: {exc}", file=sys.stderr)
         return 2
@@ -165,6 +176,7 @@ async def _serve(args: argparse.Namespace, limits: Limits) -> int:
         "host": args.host,
         "emulate_baud": args.emulate_baud,
         "record_limit": args.records,
+        "turnaround_s": args.turnaround_ms / 1000,
     }
     device: FakeLine
     if args.units is None and not args.modbus:

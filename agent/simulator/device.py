@@ -27,7 +27,7 @@ from agent.simulator.core import (
     decode_request,
     parse_panel_command,
 )
-from agent.simulator.line import FakeLine, RequestRecord
+from agent.simulator.line import DEFAULT_TURNAROUND_S, FakeLine, RequestRecord
 
 __all__ = [
     "DEFAULT_IDENTITY",
@@ -66,6 +66,7 @@ class FakeDevice(FakeLine):
         host: str = "127.0.0.1",
         emulate_baud: int | None = None,
         record_limit: int = DEFAULT_RECORD_LIMIT,
+        turnaround_s: float = DEFAULT_TURNAROUND_S,
     ) -> None:
         super().__init__(
             setpoint=setpoint,
@@ -76,6 +77,7 @@ class FakeDevice(FakeLine):
             host=host,
             emulate_baud=emulate_baud,
             record_limit=record_limit,
+            turnaround_s=turnaround_s,
         )
         self.device = self.unit(None)
 

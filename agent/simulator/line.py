@@ -7,7 +7,11 @@ is served on a pty and/or TCP (`endpoints`) and has a front panel.
 
 The line is one medium: one transaction at a time across all clients and units. A request
 that arrives while another is being answered waits for it; with `emulate_baud` each
-transaction holds the line for the time its request and reply take at that baud rate.
+transaction holds the line for the time its request and reply take at that baud rate, plus
+the unit's turnaround (a few milliseconds, as real thermostats take), and on a Modbus line a
+frame that starts less than the silent interval (3.5 character times, 1.75 ms above 19200
+baud) after the line fell quiet is a framing error and gets no answer, as a real unit would
+treat it: a master that leaves no gap is punished here as on a real line.
 
 For checkers it keeps a record of the last `record_limit` requests (when, on which client
 connection, to which unit, what) and counters over all of them; each unit keeps its last
@@ -49,6 +53,14 @@ from agent.simulator.wires import Incoming, RtuWire, TextWire, Wire
 log = logging.getLogger(__name__)
 
 WRITE_KINDS = frozenset({"SET SP", "WRITE", "WRITE MULTIPLE"})
+DEFAULT_TURNAROUND_S = 0.003
+"""How long a unit takes before it answers, with line time emulated: a few milliseconds."""
+FAST_BAUD = 19_200
+SILENT_FAST_S = 0.00175
+"""The silent interval above 19200 baud (Modbus over Serial Line, §2.5.1.1)."""
+SILENCE_TOLERANCE = 0.9
+"""A gap this share of the silent interval still counts: the fake's clock reads the gap a
+little short (the request is timed when it has come in whole, the reply when it was sent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +124,9 @@ class LineCounters:
     """Total time spent computing replies and records (the fake's own cost, without the
     event loop and the system calls around it)."""
     max_wait_s: float = 0.0
+    framing_errors: int = 0
+    """Frames that started before the line had been quiet for the silent interval: each
+    unit takes them for noise and does not answer."""
 
 
 class Unit:
@@ -124,6 +139,8 @@ class Unit:
         self.faults = Faults()
         self.registers: RegisterView | None = None
         """Its Modbus registers, on a Modbus line."""
+        self.turnaround_s = DEFAULT_TURNAROUND_S
+        """How long it takes before it answers, with line time emulated."""
         self.plug_count = 0
         """How often the unit came back after FAULT UNPLUG."""
         self._replug: asyncio.TimerHandle | None = None
@@ -206,10 +223,15 @@ class FakeLine:
         host: str = "127.0.0.1",
         emulate_baud: int | None = None,
         record_limit: int = DEFAULT_RECORD_LIMIT,
+        turnaround_s: float = DEFAULT_TURNAROUND_S,
     ) -> None:
         """`units`: N units at addresses 1..N (or give `addresses`); neither: one point-to-
         point device. `modbus` (or a `register_map`): the units speak Modbus RTU with that
-        map (default: the Modbus driver's), each at its address as unit id."""
+        map (default: the Modbus driver's), each at its address as unit id. With
+        `emulate_baud`, every unit takes `turnaround_s` before it answers (each unit's
+        `turnaround_s` may be set apart)."""
+        if turnaround_s < 0:
+            raise ValueError(f"turnaround_s must be >= 0, not {turnaround_s}")
         if units is not None and addresses is not None:
             raise ValueError("give units or addresses, not both")
         if units is not None:
@@ -238,6 +260,9 @@ class FakeLine:
         self.emulate_baud = emulate_baud
         """If set, each transaction holds the line for its request's and reply's line time."""
         self.record_limit = record_limit
+        self.turnaround_s = turnaround_s
+        self._quiet_since = float("-inf")
+        """When the line last fell quiet (the end of the last transaction on it)."""
         self.faults = Faults()
         """Faults of the whole line (FAULT without a prefix): they hit every unit's replies."""
         self.counters = LineCounters()
@@ -259,6 +284,7 @@ class FakeLine:
                 record_limit=record_limit,
             )
             unit = Unit(self, address, core)
+            unit.turnaround_s = turnaround_s
             if self.register_map is not None:
                 unit.registers = RegisterView(self.register_map, core)
             self._units[address] = unit
@@ -374,13 +400,26 @@ class FakeLine:
             self._on_line = client
             try:
                 start = time.monotonic()
-                reply, busy = self._serve(client, channel, frame, incoming, start, arrived, other)
+                glued = self._too_soon(arrived)
+                reply, busy = self._serve(
+                    client, channel, frame, incoming, start, arrived, other, glued
+                )
                 if busy > 0:
                     await self._sleeper.sleep_until(start + busy)
+                self._quiet_since = start + busy
                 if reply is not None:
                     send(reply)
             finally:
                 self._on_line = None
+
+    def _too_soon(self, arrived: float) -> bool:
+        """A Modbus frame that started before the line was quiet for the silent interval
+        (only with line time emulated: without it the line has no time to keep)."""
+        if not self.emulate_baud or not isinstance(self.wire, RtuWire):
+            return False
+        char_s = self.wire.bits_per_char / self.emulate_baud
+        silent = SILENT_FAST_S if self.emulate_baud > FAST_BAUD else 3.5 * char_s
+        return arrived - self._quiet_since < silent * SILENCE_TOLERANCE
 
     def _serve(
         self,
@@ -391,6 +430,7 @@ class FakeLine:
         now: float,
         arrived: float,
         other: str | None,
+        glued: bool = False,
     ) -> tuple[bytes | None, float]:
         """The reply (None: nobody answers) and how long the line is held. No I/O."""
         work_started = time.perf_counter()
@@ -398,8 +438,11 @@ class FakeLine:
         unit = self._units.get(incoming.address)
         reply: bytes | None = None
         slow = 0.0
+        if glued:
+            self.counters.framing_errors += 1
         if not (
-            unit is None
+            glued
+            or unit is None
             or unit.faults.unplugged(now)
             or unit.faults.silent(now)
             or line_faults.silent(now)
@@ -415,7 +458,9 @@ class FakeLine:
         if self.emulate_baud:
             char_s = self.wire.bits_per_char / self.emulate_baud
             request_s = self.wire.request_size(frame) * char_s
-            busy += request_s + (len(reply) if reply is not None else 0) * char_s
+            busy += request_s
+            if reply is not None and unit is not None:
+                busy += unit.turnaround_s + len(reply) * char_s
         counters = self.counters
         counters.requests += 1
         if reply is not None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.controller.timing import LineTiming, bits_per_char, cycle_s
+from agent.controller.timing import TYPICAL_TURNAROUND_S, LineTiming, bits_per_char, cycle_s
 from agent.line.schedule import BusSchedule, Change, Kind, Op, Outcome, Refused, Verdict
 
 DEVICES = ["t1", "t2", "t3"]
@@ -260,7 +260,9 @@ def test_timing_of_a_line() -> None:
     assert LineTiming(38400, 11, 0.0).silent_s == pytest.approx(0.00175)
     line = LineTiming(9600, bits_per_char(8, "N", 1), turnaround_s=0.0, extra_gap_s=0.01)
     assert line.chars_s(96) == pytest.approx(0.1)
-    assert line.transaction_s(16, 48) == pytest.approx(64 * 10 / 9600 + line.silent_s)
+    assert line.transaction_s(16, 48) == pytest.approx(
+        64 * 10 / 9600 + TYPICAL_TURNAROUND_S + line.silent_s
+    )
     assert LineTiming(9600, 10, turnaround_s=0.2).transaction_s(16, 48) == pytest.approx(
         line.transaction_s(16, 48) - 0.01
     )

@@ -180,3 +180,38 @@ async def test_the_panel_of_a_modbus_line(bus: FakeLine) -> None:
         return read_setpoint(client, 2), no_reply(client, 6)
 
     assert await with_client(bus.pty_link, work) == (245, True)
+
+
+# --- a line that behaves like a real one ------------------------------------------------
+
+
+async def test_a_frame_glued_to_the_last_one_is_a_framing_error_and_a_unit_takes_its_time() -> None:
+    """With line time emulated, a unit answers after its turnaround, and a frame that starts
+    before the line was quiet for 3.5 character times gets no answer (as on a real line)."""
+    from agent.controller import modbus_rtu as rtu
+
+    line = FakeLine(2, modbus=True, emulate_baud=9600, turnaround_s=0.005, time_constant_s=1e6)
+    await line.start(tcp_port=0)
+    try:
+        assert line.tcp_url is not None
+        host, port = line.tcp_url.removeprefix("socket://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        request = rtu.read_request(1, rtu.READ_HOLDING, 0, 2)
+        char_s = 11 / 9600
+        writer.write(request)
+        reply = await asyncio.wait_for(reader.readexactly(9), 2)
+        assert rtu.parse_reply(request, reply) is not None
+        record = line.records[-1]
+        assert record.busy_s == pytest.approx((8 + 9) * char_s + 0.005, rel=0.01)
+        # At once after the reply: glued to it. No answer; counted.
+        writer.write(request)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reader.readexactly(1), 0.3)
+        assert line.counters.framing_errors == 1
+        # After a silent interval (3.5 characters, 4 ms at 9600): answered again.
+        await asyncio.sleep(3.5 * char_s * 2)
+        writer.write(request)
+        assert rtu.parse_reply(request, await asyncio.wait_for(reader.readexactly(9), 2))
+        writer.close()
+    finally:
+        await line.stop()
