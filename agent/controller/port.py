@@ -4,6 +4,11 @@ read against deadlines, closed, or aborted so that nothing queued goes out late.
 Any pyserial URL works: a device path (/dev/ttyUSB0, /dev/serial/by-id/...), opened
 exclusively; socket://host:port and rfc2217://host:port for serial device servers.
 Blocking; called from the bus's thread only.
+
+pyserial (pinned at 3.5) is reached into once: a read's timeout is set on the port's
+`_timeout` rather than through the `timeout` property, whose setter reconfigures the port
+(a tcsetattr on a tty, a round of RFC 2217 negotiation with the serial device server) on
+every read.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ class SerialPort:
     def __init__(self, url: str, stats: LinkStats, **settings: Any) -> None:
         self.url = url
         self.stats = stats
-        self._settings = dict(settings, write_timeout=WRITE_TIMEOUT_S)
+        self.rfc2217 = url.startswith("rfc2217://")
+        # pyserial's RFC 2217 client has no write timeout: its socket's is set instead.
+        self._settings = dict(settings, write_timeout=None if self.rfc2217 else WRITE_TIMEOUT_S)
         if is_device_path(url):
             self._settings.setdefault("exclusive", True)
         else:
@@ -55,6 +62,9 @@ class SerialPort:
             self._port = serial.serial_for_url(self.url, **self._settings)
         except PORT_ERRORS as exc:
             raise LinkLost(f"cannot open {self.url}: {exc}") from exc
+        sock = getattr(self._port, "_socket", None)
+        if self.rfc2217 and sock is not None:
+            sock.settimeout(WRITE_TIMEOUT_S)  # its reader thread takes a timeout in stride
         log.debug("opened %s", self.url)
 
     def close(self) -> None:
@@ -91,8 +101,16 @@ class SerialPort:
         return self._port
 
     def discard_input(self) -> None:
+        port = self._open_port()
         try:
-            self._open_port().reset_input_buffer()
+            if self.rfc2217:
+                # Its reset_input_buffer() asks the server to purge and polls for the
+                # answer every 50 ms: what is stale here is what has come in already.
+                port._timeout = 0
+                while port.read(4096):
+                    pass
+            else:
+                port.reset_input_buffer()
         except PORT_ERRORS as exc:
             raise LinkLost(str(exc)) from exc
 
@@ -105,6 +123,7 @@ class SerialPort:
             self.abort()
             raise LinkLost(f"{self.url}: a write did not go out in {WRITE_TIMEOUT_S} s") from exc
         except PORT_ERRORS as exc:
+            self.abort()  # what it left queued must not go out later
             raise LinkLost(str(exc)) from exc
         self.stats.transactions += 1
         self.stats.bytes_sent += len(frame)
@@ -117,14 +136,14 @@ class SerialPort:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return b""
-            port.timeout = remaining
+            port._timeout = remaining
             chunk: bytes = port.read(1)
             if not chunk:
                 return b""
             if size > 1:
                 # Whatever else has come, without waiting: a byte at a time (in_waiting
                 # says 1 on socket://) would cost a system call each.
-                port.timeout = 0
+                port._timeout = 0
                 chunk += port.read(size - 1)
         except PORT_ERRORS as exc:
             raise LinkLost(str(exc)) from exc

@@ -1,5 +1,5 @@
 """Where the fake line meets the wire: its pty, its TCP server (a serial device server that
-several clients may share) and its front panel on TCP.
+several clients may share, raw or speaking RFC 2217) and its front panel on TCP.
 
 Each endpoint splits what a client sends into requests and hands them to the line one at
 a time (FakeLine.transact), which answers them in turn across all clients.
@@ -192,6 +192,71 @@ class PanelEndpoint(_TcpServer):
                         await writer.drain()
         except (ConnectionError, OSError) as exc:
             log.debug("fake line: panel client gone: %s", exc)
+        finally:
+            self.writers.discard(writer)
+            writer.close()
+
+
+class _PortSettings:
+    """What an RFC 2217 client may set and read of the "serial port" behind the server:
+    kept, and reported back; the line itself runs at whatever rate it emulates."""
+
+    def __init__(self) -> None:
+        self.baudrate = 9600
+        self.bytesize = 8
+        self.parity = "N"
+        self.stopbits = 1
+        self.rtscts = False
+        self.xonxoff = False
+        self.rts = True
+        self.dtr = True
+        self.break_condition = False
+        self.cts = True
+        self.dsr = True
+        self.ri = False
+        self.cd = True
+
+    def reset_input_buffer(self) -> None:
+        """Nothing is buffered: requests go to the line as they come."""
+
+    def reset_output_buffer(self) -> None:
+        """Nothing is buffered: replies are sent as they are made."""
+
+
+class Rfc2217Endpoint(_TcpServer):
+    """The device line on TCP as a serial device server speaking RFC 2217 (Telnet COM port
+    control, what `rfc2217://` URLs expect): the port's settings are negotiated, the data
+    is Telnet-escaped both ways."""
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from serial.rfc2217 import PortManager  # type: ignore[import-untyped]
+
+        if self.line.unplugged:
+            writer.close()
+            return
+        self.writers.add(writer)
+        client = self.line.connection_id(self.name)
+        splitter = self.line.wire.splitter()
+
+        class Connection:
+            @staticmethod
+            def write(data: bytes) -> None:
+                if not writer.is_closing():
+                    writer.write(data)
+
+        manager = PortManager(_PortSettings(), Connection())
+
+        def send(reply: bytes) -> None:
+            Connection.write(b"".join(manager.escape(reply)))
+
+        try:
+            while data := await reader.read(4096):
+                payload = b"".join(manager.filter(data))
+                for frame in splitter.feed(payload):
+                    await self.line.transact(client, "rfc2217", frame, send)
+                await writer.drain()
+        except (ConnectionError, OSError) as exc:
+            log.debug("fake line: RFC 2217 client %s gone: %s", client, exc)
         finally:
             self.writers.discard(writer)
             writer.close()

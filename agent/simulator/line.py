@@ -46,7 +46,7 @@ from agent.simulator.core import (
     decode_request,
     parse_panel_command,
 )
-from agent.simulator.endpoints import PanelEndpoint, PtyEndpoint, TcpEndpoint
+from agent.simulator.endpoints import PanelEndpoint, PtyEndpoint, Rfc2217Endpoint, TcpEndpoint
 from agent.simulator.rtu import RegisterView
 from agent.simulator.wires import Incoming, RtuWire, TextWire, Wire
 
@@ -300,6 +300,7 @@ class FakeLine:
         self._tcp: TcpEndpoint | None = None
         self._named_ports: dict[str, int] = {}
         self._named: dict[str, TcpEndpoint] = {}
+        self._rfc2217: Rfc2217Endpoint | None = None
         self._panel: PanelEndpoint | None = None
         self._replug: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -534,9 +535,10 @@ class FakeLine:
         pty_link: str | Path | None = None,
         tcp_port: int | None = None,
         panel_port: int | None = None,
+        rfc2217_port: int | None = None,
     ) -> Self:
-        """Serve the device line on a pty (symlink at pty_link) and/or TCP, and the
-        panel on TCP. Port 0 picks a free port."""
+        """Serve the device line on a pty (symlink at pty_link) and/or TCP (raw, and/or as
+        RFC 2217), and the panel on TCP. Port 0 picks a free port."""
         if pty_link is None and tcp_port is None and panel_port is None:
             raise ValueError("give the device a pty link, a TCP port, or both")
         self._changed = asyncio.Event()
@@ -550,6 +552,10 @@ class FakeLine:
                 self._tcp_port = self._tcp.port
             if panel_port is not None:
                 self._panel = await PanelEndpoint.listen(self, self.host, panel_port)
+            if rfc2217_port is not None:
+                self._rfc2217 = await Rfc2217Endpoint.listen(
+                    self, self.host, rfc2217_port, name="rfc2217"
+                )
         except BaseException:
             await self.stop()
             raise
@@ -573,9 +579,10 @@ class FakeLine:
             task.cancel()
         await self._unplug()
         self._sleeper.close()
-        panel, self._panel = self._panel, None
-        if panel is not None:
-            await panel.close()
+        for endpoint in (self._panel, self._rfc2217):
+            if endpoint is not None:
+                await endpoint.close()
+        self._panel = self._rfc2217 = None
 
     async def __aenter__(self) -> Self:
         return self
@@ -656,6 +663,11 @@ class FakeLine:
     @property
     def tcp_url(self) -> str | None:
         return None if self._tcp_port is None else f"socket://{self.host}:{self._tcp_port}"
+
+    @property
+    def rfc2217_url(self) -> str | None:
+        endpoint = self._rfc2217
+        return None if endpoint is None else f"rfc2217://{self.host}:{endpoint.port}"
 
     @property
     def panel_address(self) -> tuple[str, int] | None:
