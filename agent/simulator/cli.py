@@ -41,6 +41,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--panel", metavar="PORT", type=_port, help="front panel on TCP (0 picks a free port)"
     )
+    parser.add_argument(
+        "--rfc2217",
+        metavar="PORT",
+        type=_port,
+        help="serve the line on TCP as an RFC 2217 serial device server too (rfc2217:// URLs)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument(
         "--units",
@@ -167,7 +173,8 @@ async def _serve(args: argparse.Namespace, limits: Limits) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    tcp = args.tcp if args.tcp is not None or args.pty is not None else 0
+    given = (args.tcp, args.pty, args.rfc2217)
+    tcp = args.tcp if any(option is not None for option in given) else 0
     options: dict[str, Any] = {
         "setpoint": args.setpoint,
         "temperature": args.temperature,
@@ -184,7 +191,9 @@ async def _serve(args: argparse.Namespace, limits: Limits) -> int:
     else:
         device = FakeLine(args.units or 1, modbus=args.modbus, **options)
     async with device:
-        await device.start(pty_link=args.pty, tcp_port=tcp, panel_port=args.panel)
+        await device.start(
+            pty_link=args.pty, tcp_port=tcp, panel_port=args.panel, rfc2217_port=args.rfc2217
+        )
         print(device.ready_line(), flush=True)
         await stop.wait()
         log.info("sim-device: stopping")

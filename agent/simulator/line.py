@@ -680,7 +680,7 @@ class FakeLine:
     def ready_line(self) -> str:
         """`device <url> [device <url>] [panel <url>]`, as sim-device prints it."""
         words: list[str] = []
-        for url in (self.pty_link, self.tcp_url):
+        for url in (self.pty_link, self.tcp_url, self.rfc2217_url):
             if url is not None:
                 words += ["device", url]
         if self.panel_url is not None:
