@@ -539,8 +539,8 @@ class FakeLine:
     ) -> Self:
         """Serve the device line on a pty (symlink at pty_link) and/or TCP (raw, and/or as
         RFC 2217), and the panel on TCP. Port 0 picks a free port."""
-        if pty_link is None and tcp_port is None and panel_port is None:
-            raise ValueError("give the device a pty link, a TCP port, or both")
+        if all(end is None for end in (pty_link, tcp_port, panel_port, rfc2217_port)):
+            raise ValueError("give the line a pty link or a TCP port to be served on")
         self._changed = asyncio.Event()
         self._started = True
         try:
