@@ -19,7 +19,7 @@ from agent.controller import line_protocol as lp
 from agent.simulator.clock import PreciseSleeper
 from agent.simulator.core import STRAY_NOISE
 from agent.simulator.device import FakeDevice
-from agent.simulator.line import FakeLine
+from agent.simulator.line import DEFAULT_TURNAROUND_S, FakeLine
 
 UNITS = 32
 
@@ -350,7 +350,7 @@ async def test_line_time_emulation(tmp_path: Path) -> None:
                 request = line(f"@{n} GET STATE")
                 await client.send(request)
                 reply = await client.reply()
-                theoretical += (len(request) + len(reply)) * 10 / 9600
+                theoretical += (len(request) + len(reply)) * 10 / 9600 + DEFAULT_TURNAROUND_S
         finally:
             await client.close()
         elapsed = time.monotonic() - started

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 from agent.controller.modbus_map import RegisterMap
-from agent.simulator.line import FakeLine
+from agent.simulator.line import DEFAULT_TURNAROUND_S, FakeLine
 
 pymodbus = pytest.importorskip("pymodbus")
 from pymodbus.client import ModbusSerialClient  # noqa: E402
@@ -142,7 +142,7 @@ async def test_line_time_at_11_bits_a_character(tmp_path: Path) -> None:
         )
     (record,) = bus.records
     # Request: 8 bytes. Reply: address, function, byte count, 2 registers, CRC: 9 bytes.
-    assert record.busy_s == pytest.approx((8 + 9) * 11 / 19200)
+    assert record.busy_s == pytest.approx((8 + 9) * 11 / 19200 + DEFAULT_TURNAROUND_S)
 
 
 async def test_a_different_register_map(tmp_path: Path) -> None:
