@@ -39,7 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.controller.interface import ControllerState, DeviceIdentity, Limits, WriteNotAllowed
+from agent.controller.interface import (
+    ControllerError,
+    ControllerState,
+    DeviceIdentity,
+    Limits,
+    PointValue,
+    WriteNotAllowed,
+)
+from agent.controller.profile import Profile
 from agent.controller.timing import LineTiming, bits_per_char
 
 Gate = Callable[[float], bool]
@@ -73,6 +81,8 @@ class Unit:
     """The line protocol's `@<n>` (None: point to point); the Modbus unit id."""
     options: Any = None
     """What else the driver needs for this unit (the Modbus register map)."""
+    profile: Profile | None = None
+    """Its model's points and how they are kept (None: the set point alone)."""
 
 
 @dataclass(slots=True)
@@ -175,6 +185,16 @@ class Driver(ABC):
     @abstractmethod
     def write_setpoint(self, unit: Unit, value: float, gate: Gate = open_gate) -> float:
         """Write `value`; return what the controller holds afterwards (its read-back)."""
+
+    def write_point(
+        self, unit: Unit, point: str, value: PointValue, gate: Gate = open_gate
+    ) -> PointValue:
+        """Write one point (agent.controller.points) and return its read-back. The set
+        point is `write_setpoint`; the others need a profile that says how."""
+        if point == "setPoint":
+            assert isinstance(value, int | float) and not isinstance(value, bool)
+            return self.write_setpoint(unit, value, gate)
+        raise ControllerError(f"{unit.name}: its profile does not say how to write {point}")
 
     def identify(self, unit: Unit, gate: Gate = open_gate) -> DeviceIdentity | None:
         """The unit's model, firmware and serial number, if the protocol can tell."""

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from decimal import ROUND_FLOOR, ROUND_HALF_UP, Decimal, InvalidOperation
 from enum import StrEnum
 from fractions import Fraction
@@ -55,18 +55,32 @@ class DeviceIdentity:
     serial: str
 
 
+PointValue = float | str | bool
+"""A point's value: a number (°C, %), a choice (`heat`), or a switch (`occupied`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ControllerState:
     """One reading of the controller.
 
-    `output` (percent) and `mode` are None when the driver cannot read them (a Modbus
-    register map without those registers); the line protocol always reports them.
+    `output` (percent) and `mode` (what the output does) are None when the driver cannot
+    read them (a Modbus register map without those registers). `points` holds the unit's
+    other points, by name (agent.controller.points), when it has a profile that has them.
     """
 
     setpoint: float
     temperature: float
     output: int | None
     mode: Mode | None
+    points: Mapping[str, PointValue] = field(default_factory=dict)
+
+    def value(self, name: str) -> PointValue | None:
+        """A point's value in this reading (None: not read)."""
+        if name == "setPoint":
+            return self.setpoint
+        if name == "temperature" and "temperature" not in self.points:
+            return self.temperature
+        return self.points.get(name)
 
 
 class ControllerFault(Exception):
