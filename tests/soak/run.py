@@ -3,6 +3,7 @@
     python tests/soak/run.py --seconds 60 --seed 1 [--shape multidrop|p2p] [--units 8]
         [--ttl-ms 3000] [--min-write-interval-s 0.5] [--emulate-baud 115200]
         [--faults all|pair,unit,combined,<kind>...] [--no-load] [--logs DIR]
+        [--agent-log-level DEBUG]
 
 Everything runs on this machine: the embedded state store (kept on disk, so that a restart
 can keep or lose its contents) and the fake line (TCP, as a serial device server with a port
@@ -84,6 +85,7 @@ def run(
     faults: str = "all",
     load: bool = True,
     logs: Path | None = None,
+    agent_log_level: str = "INFO",
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     weights = catalogue(faults)
@@ -98,6 +100,7 @@ def run(
             shape=shape,
             min_write_interval_s=min_write_interval_s,
             emulate_baud=emulate_baud or None,
+            log_level=agent_log_level,
         )
         sampler = Sampler(world.live, world.collect)
         generator = Load(world, seed) if load else None
@@ -261,6 +264,7 @@ def main() -> None:
     parser.add_argument(
         "--logs", type=Path, help="write every instance's lines and the violations' context here"
     )
+    parser.add_argument("--agent-log-level", default="INFO", help="the agents' AGENT_LOG_LEVEL")
     args = parser.parse_args()
     try:
         catalogue(args.faults)
@@ -277,6 +281,7 @@ def main() -> None:
         faults=args.faults,
         load=not args.no_load,
         logs=args.logs,
+        agent_log_level=args.agent_log_level,
     )
     for kind, count in sorted(result["faults"].items()):
         recovery = result["recovery_ms"].get(kind)

@@ -102,6 +102,7 @@ class World:
         baud: int = 115_200,
         emulate_baud: int | None = 115_200,
         poll_interval_s: float | None = None,
+        log_level: str = "INFO",
     ) -> None:
         if shape not in SHAPES:
             raise ValueError(f"shape must be one of {SHAPES}, not {shape!r}")
@@ -111,6 +112,7 @@ class World:
         self.ttl_ms = ttl_ms
         self.rng = rng
         self.min_write_interval_s = min_write_interval_s
+        self.log_level = log_level
         self.baud = baud
         self.emulate_baud = emulate_baud
         self.poll_interval_s = poll_interval_s or (0.2 if self.units <= 8 else 1.0)
@@ -207,7 +209,7 @@ class World:
             "AGENT_SERIAL__PROBE_INTERVAL_S": str(PROBE_S),
             "AGENT_LOCK__TTL_MS": str(self.ttl_ms),
             "AGENT_TELEMETRY__INTERVAL_S": "5",
-            "AGENT_LOG_LEVEL": "INFO",
+            "AGENT_LOG_LEVEL": self.log_level,
         }
         if self.shape == "p2p":
             env["AGENT_DEVICE_ID"] = device_id(1)
