@@ -119,6 +119,9 @@ class Bus:
         self.fresh_s = poll_s
         """A reading younger than this (one poll's line time: the transaction just before)
         needs no read again before a write."""
+        # After an urgent read (a sync reads, then writes) routine polls wait as long for
+        # the write, so that no poll of another unit makes the reading stale meanwhile.
+        schedule_options.setdefault("write_hold_s", poll_s)
         self.schedule = BusSchedule(
             [unit.name for unit in units],
             poll_interval_s=poll_interval_s,

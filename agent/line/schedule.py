@@ -16,6 +16,11 @@ quarantined: left out of the cycles and probed, every `probe_initial_s` at first
 off to `probe_max_s`, until it answers well again. Urgent work for a quarantined device is
 refused at once rather than spend a timeout on it.
 
+After an urgent read, routine polls and probes wait up to `write_hold_s` for the write
+that may follow it (a remote change is read, then written): a poll of another device in
+between would age the reading past what a write may be decided on, and cost the write a
+read of its own, two transactions in all. Urgent work never waits for it.
+
 A slow device (its transactions take `SLOW_FACTOR` times a poll's line time or more) costs
 the others at most one of its transactions per change: it is polled less often (its polls
 take at most `SLOW_SHARE` of the line), and no poll starts that would still be on the line
@@ -123,16 +128,20 @@ class BusSchedule:
         probe_initial_s: float = DEFAULT_PROBE_INITIAL_S,
         probe_max_s: float = DEFAULT_PROBE_MAX_S,
         poll_s: float = 0.0,
+        write_hold_s: float = 0.0,
         now: float = 0.0,
     ) -> None:
         """`poll_s`: a poll's line time, what a device that answers at once costs (0: no
-        device is ever slow)."""
+        device is ever slow). `write_hold_s`: how long routine work waits after an urgent
+        read for the write that may follow it (0: not at all)."""
         if len(set(devices)) != len(devices):
             raise ValueError("device names must be unique")
         if poll_interval_s <= 0 or quarantine_after < 1 or quarantine_after_errors < 1:
             raise ValueError("need a positive poll interval and quarantine_after >= 1")
         if not 0 < probe_initial_s <= probe_max_s:
             raise ValueError("need 0 < probe_initial_s <= probe_max_s")
+        if write_hold_s < 0:
+            raise ValueError("write_hold_s must not be negative")
         intervals = (
             min_write_interval_s
             if isinstance(min_write_interval_s, Mapping)
@@ -146,6 +155,9 @@ class BusSchedule:
         self.poll_s = poll_s
         self.probe_initial_s = probe_initial_s
         self.probe_max_s = probe_max_s
+        self.write_hold_s = write_hold_s
+        self._held_until = float("-inf")
+        """Routine work waits until then (an urgent read's write may follow)."""
         self._urgent: deque[Op] = deque()
         self._cycle: deque[str] = deque()
         self._cycle_due_at = now
@@ -221,6 +233,8 @@ class BusSchedule:
                     continue
             self._urgent.remove(op)
             return op
+        if now < self._held_until:
+            return min(wake, self._held_until)
         for device in self._devices.values():
             if device.quarantined:
                 if device.probe_at <= now:
@@ -249,6 +263,10 @@ class BusSchedule:
         device = self._devices[op.device]
         if op.kind is Kind.WRITE and outcome is not Outcome.LINE_DOWN:
             device.last_write_at = now  # it may have reached the device even so
+        if op.kind in (Kind.READ, Kind.LIMITS) and outcome is Outcome.OK:
+            self._held_until = now + self.write_hold_s
+        elif op.kind is Kind.WRITE:
+            self._held_until = float("-inf")
         if outcome is Outcome.LINE_DOWN:
             return Verdict()
         if outcome is Outcome.OK and took_s is not None and op.kind is not Kind.WRITE:

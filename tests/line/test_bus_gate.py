@@ -15,6 +15,7 @@ from agent.controller.interface import ReadingChanged, WriteNotAllowed
 from agent.controller.line_driver import LineDriver
 from agent.line.bus import Bus, DeviceHandle
 from agent.simulator.device import FakeDevice
+from agent.simulator.line import FakeLine
 from tests.support.controllers import FAST_BUS
 
 FAST_DRIVER = {"reply_timeout_s": 0.25}
@@ -149,3 +150,36 @@ async def test_a_fresh_reading_needs_no_second_read_before_the_write(device: Fak
         assert kinds == ["SET SP"]  # no read in between: the reading was the last transaction
     finally:
         await bus.close()
+
+
+async def test_no_poll_comes_between_a_read_and_the_write_decided_on_it() -> None:
+    """With the line busy polling, a write decided on an urgent read (after a store round
+    trip, as the sync's) goes out next, on that reading: no poll of another unit makes it
+    stale, so the write needs no read of its own."""
+    line = FakeLine(units=3, emulate_baud=19200, turnaround_s=0.01)
+    await line.start(tcp_port=0)
+    assert line.tcp_url is not None
+    lease = Lease(60)
+    units = [Unit(f"t{n}", n) for n in (1, 2, 3)]
+    bus = Bus(
+        LineDriver(line.tcp_url, baudrate=19200, **FAST_DRIVER),
+        units,
+        gate=lease.gate,
+        **{**FAST_BUS, "poll_interval_s": 0.001, "min_write_interval_s": 0},  # type: ignore[arg-type]
+    )
+    await bus.open()
+    try:
+        handle = bus.device("t1")
+        await handle.read_limits()
+        for _ in range(3):
+            asked = time.monotonic()
+            state = await handle.read_state()
+            await asyncio.sleep(0.005)  # the pending record's round trip
+            before = line.counters.requests
+            value = 22.5 if state.setpoint != 22.5 else 23.0
+            await handle.write_setpoint(value, expected=state.setpoint, fresh_after=asked)
+            kinds = [(r.address, r.kind) for r in line.records_since(before)]
+            assert kinds[0] == (1, "SET SP"), kinds
+    finally:
+        await bus.close()
+        await line.stop()

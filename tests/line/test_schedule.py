@@ -56,6 +56,31 @@ def test_pending_writes_to_one_device_collapse_to_the_latest() -> None:
     assert s.next(0.0) is other
 
 
+def test_after_an_urgent_read_polls_wait_for_the_write_that_may_follow() -> None:
+    s = schedule(write_hold_s=0.03, poll_interval_s=0.001)
+    s.submit(Op("t1", Kind.READ))
+    read = s.next(0.0)
+    assert isinstance(read, Op) and read.kind is Kind.READ
+    s.finished(read, Outcome.OK, 0.015)
+    assert s.next(0.02) == pytest.approx(0.045)  # no poll before the hold ends
+    s.submit(Op("t1", Kind.WRITE, 21.0))
+    write = s.next(0.025)  # urgent work is never held
+    assert isinstance(write, Op) and write.kind is Kind.WRITE
+    s.finished(write, Outcome.OK, 0.04)
+    poll = s.next(0.04)  # a write ends the hold
+    assert isinstance(poll, Op) and poll.kind is Kind.POLL
+    # A read no write follows holds the line for write_hold_s at most.
+    s.finished(poll, Outcome.OK, 0.05)
+    s.submit(Op("t2", Kind.READ))
+    read = s.next(0.05)
+    assert isinstance(read, Op)
+    s.finished(read, Outcome.OK, 0.06)
+    assert s.next(0.07) == pytest.approx(0.09)
+    assert isinstance(s.next(0.09), Op)
+    with pytest.raises(ValueError):
+        schedule(write_hold_s=-1)
+
+
 def test_writes_to_a_device_keep_its_least_interval() -> None:
     s = schedule(min_write_interval_s={"t1": 2.0})
     write = Op("t1", Kind.WRITE, 20.0)
