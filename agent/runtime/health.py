@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -54,7 +55,10 @@ NAMED_IN_WORDS = 3
 ONLINE, OFFLINE = b"online", b"offline"
 
 
+@functools.cache
 def version() -> str:
+    """The installed package's version, looked up once: reading the package's metadata
+    takes milliseconds, and every health document names it."""
     try:
         return metadata.version("agent")
     except metadata.PackageNotFoundError:
