@@ -3,6 +3,11 @@
 Pure: framing with the NMEA-style XOR checksum, formatting and parsing of requests and
 replies, and splitting a byte stream into lines. No I/O; both the serial driver and the
 fake device are thin wrappers around this module.
+
+A unit with a profile (agent.controller.line_profile) also has its points: `GET POINTS`
+reads them all at once (`POINTS SP=21.5 H=20.0 M=HEAT ...`), and `SET <name> <value>`
+writes one (`OK <name> <value>`, the value as stored), `<name>` being the point's name in
+the profile (`SP` is the set point's, as always).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import functools
 import operator
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from agent.controller.interface import ControllerState, Limits, Mode
@@ -257,7 +263,29 @@ class GetLimits:
     pass
 
 
-Request = Identify | GetSetpoint | SetSetpoint | GetTemperature | GetState | GetLimits
+@dataclass(frozen=True, slots=True)
+class GetPoints:
+    """`GET POINTS`: every point of a unit with a profile, in one reply."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetValue:
+    """`SET <name> <value>`: one point of a unit with a profile (the set point is SET SP)."""
+
+    name: str
+    value: str
+
+
+Request = (
+    Identify
+    | GetSetpoint
+    | SetSetpoint
+    | GetTemperature
+    | GetState
+    | GetLimits
+    | GetPoints
+    | SetValue
+)
 
 _SIMPLE_REQUESTS: dict[tuple[str, ...], Request] = {
     ("ID",): Identify(),
@@ -265,23 +293,27 @@ _SIMPLE_REQUESTS: dict[tuple[str, ...], Request] = {
     ("GET", "T"): GetTemperature(),
     ("GET", "STATE"): GetState(),
     ("GET", "LIMITS"): GetLimits(),
+    ("GET", "POINTS"): GetPoints(),
 }
-_GET_TARGETS = frozenset({"SP", "T", "STATE", "LIMITS"})
+_GET_TARGETS = frozenset({"SP", "T", "STATE", "LIMITS", "POINTS"})
 
 
 def format_request(request: Request) -> str:
     if isinstance(request, SetSetpoint):
         return f"SET SP {format_number(request.value)}"
+    if isinstance(request, SetValue):
+        return f"SET {request.name} {request.value}"
     for words, simple in _SIMPLE_REQUESTS.items():
         if simple == request:
             return " ".join(words)
     raise TypeError(f"not a request: {request!r}")  # pragma: no cover - exhaustive above
 
 
-def parse_request(payload: str) -> Request:
+def parse_request(payload: str, names: Collection[str] = ()) -> Request:
     """The request in a payload; raises RequestError with code SYNTAX or UNKNOWN.
 
-    Command words are case-insensitive, for people typing at the panel.
+    Command words are case-insensitive, for people typing at the panel. `names` are the
+    points (besides SP) that `SET <name> <value>` may write, in upper case: the device's.
     """
     words = payload.split()
     if not words:
@@ -296,6 +328,10 @@ def parse_request(payload: str) -> Request:
             return SetSetpoint(parse_number(words[2]))
         except ValueError as exc:
             raise RequestError("SYNTAX", str(exc)) from exc
+    if upper[0] == "SET" and len(upper) > 1 and upper[1] in names:
+        if len(words) != 3:
+            raise RequestError("SYNTAX", f"SET {upper[1]} takes one value")
+        return SetValue(upper[1], upper[2])
     if upper[0] == "ID" or (upper[0] == "GET" and len(upper) > 1 and upper[1] in _GET_TARGETS):
         raise RequestError("SYNTAX", f"unexpected arguments: {payload!r}")
     if upper[0] in ("GET", "SET"):
@@ -341,6 +377,21 @@ class LimitsReply:
 
 
 @dataclass(frozen=True, slots=True)
+class PointsReply:
+    """`POINTS <name>=<value> ...`: a unit's points, by their names in its profile."""
+
+    fields: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ValueStored:
+    """`OK <name> <value>`: a point as the unit stored it (the set point's is OK SP)."""
+
+    name: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
 class OkReply:
     """A bare `OK` (the panel's answer to its own commands)."""
 
@@ -361,6 +412,8 @@ Reply = (
     | TemperatureReply
     | StateReply
     | LimitsReply
+    | PointsReply
+    | ValueStored
     | OkReply
     | ErrorReply
 )
@@ -388,6 +441,10 @@ def format_reply(reply: Reply) -> str:
                 f"LIMITS {format_number(limits.min)} {format_number(limits.max)}"
                 f" {format_number(limits.step)}"
             )
+        case PointsReply(fields):
+            return " ".join(["POINTS", *(f"{name}={value}" for name, value in fields)])
+        case ValueStored(name, value):
+            return f"OK {name} {value}"
         case OkReply():
             return "OK"
         case ErrorReply():
@@ -426,6 +483,18 @@ def _parse_state(fields: list[str]) -> ControllerState:
     )
 
 
+def _parse_points(fields: list[str]) -> PointsReply:
+    pairs: list[tuple[str, str]] = []
+    for field in fields:
+        name, sep, value = field.partition("=")
+        if not sep or not name or not value or any(name == seen for seen, _ in pairs):
+            raise ProtocolError(f"bad POINTS field {field!r}")
+        pairs.append((name, value))
+    if not pairs:
+        raise ProtocolError("POINTS without a point")
+    return PointsReply(tuple(pairs))
+
+
 def parse_reply(payload: str) -> Reply:
     """The reply in a payload; raises ProtocolError for anything unexpected."""
     words = payload.split()
@@ -441,6 +510,10 @@ def parse_reply(payload: str) -> Reply:
             return OkReply()
         case "OK", ["SP", value]:
             return SetpointStored(_number(value, "OK SP"))
+        case "OK", [name, value]:
+            return ValueStored(name, value)
+        case "POINTS", fields:
+            return _parse_points(fields)
         case "T", [value]:
             return TemperatureReply(_number(value, "T"))
         case "STATE", fields:
