@@ -61,7 +61,8 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="the units speak Modbus RTU (unit ids 1..N, default 1 unit) with the Modbus "
         "driver's default register map: set point register 0, temperature 1, tenths, signed; "
-        "functions 3/4 read, 6/16 write the set point",
+        "functions 3/4 read, 6/16 write the set point; and the sim profile's registers: "
+        "heating set point 2, cooling 3, mode 4, fan 5, occupied 6, humidity 7",
     )
     parser.add_argument("--setpoint", type=float, default=20.0, help="initial set point, °C")
     parser.add_argument("--temperature", type=float, default=18.0, help="initial temperature, °C")
@@ -106,8 +107,16 @@ def register(subparsers: Any) -> None:
 
 
 PANEL_HELP = """\
-front panel (--panel): the line protocol (GET SP, GET STATE, ...) plus
+every unit is a whole thermostat, as the profile `sim` describes it (AGENT_DEVICES='[{"id":
+"t01", "address": 1, "profile": "sim"}]'): set point SP, temperature T, heating and cooling
+set points H and C (kept 1.0 apart), mode M (OFF HEAT COOL AUTO FAN), fan F (AUTO ON LOW
+MEDIUM HIGH), occupied O (1 or 0), humidity RH; 'GET POINTS' reads them all, 'SET H 19.5'
+writes one (Modbus: registers 0..7).
+
+front panel (--panel): the line protocol (GET SP, GET STATE, GET POINTS, ...) plus
   PANEL SP <value>        a person changes the set point at the device
+  PANEL <point> <value>   ... or another point: PANEL H 19.0, PANEL M COOL, PANEL F LOW,
+                          PANEL O 0, PANEL RH 60 (the room's humidity), PANEL T 25
   FAULT UNPLUG <seconds>  the line is unplugged: connections drop, opens fail, then it returns
   FAULT SILENT <seconds>  requests are read but not answered
   FAULT GARBAGE <count>   the next replies are corrupted (Modbus: a bad CRC)
@@ -117,11 +126,11 @@ front panel (--panel): the line protocol (GET SP, GET STATE, ...) plus
   FAULT BADSUM <count>    a wrong checksum (CRC) on the next replies
   FAULT NOSUM <count>     no checksum (CRC) on the next replies
   FAULT CLEAR             clears every fault of the line and of its units
-With --units, '@<n> ' in front names unit n: '@3 PANEL SP 19.0', '@3 GET SP',
-'@3 FAULT SILENT 10' (faults of that unit only; '@3 FAULT UNPLUG 5': unit 3 is gone, never
-answers, for 5 s; '@3 FAULT CLEAR' clears unit 3's faults). FAULT without a prefix acts on
-the whole line; device requests and PANEL SP need one. A unit that does not exist answers
-ERR ADDRESS. On a Modbus line the panel speaks the same text protocol.
+With --units, '@<n> ' in front names unit n: '@3 PANEL SP 19.0', '@3 PANEL M COOL',
+'@3 GET SP', '@3 FAULT SILENT 10' (faults of that unit only; '@3 FAULT UNPLUG 5': unit 3 is
+gone, never answers, for 5 s; '@3 FAULT CLEAR' clears unit 3's faults). FAULT without a
+prefix acts on the whole line; device requests and PANEL need one. A unit that does not
+exist answers ERR ADDRESS. On a Modbus line the panel speaks the same text protocol.
 """
 
 

@@ -1,11 +1,19 @@
 """The fake controller's pure core: what one unit answers in the line protocol, the faults
 in force on a unit or on the whole line, the front panel's commands, and line times.
 
+Every unit is a whole thermostat: besides its set point and temperature (the thermal
+model's) it has the points of the `sim` profile (agent.controller.sim_profile): heating and
+cooling set points, which it keeps the profile's deadband apart, mode, fan, occupancy and
+humidity. A line's profile says how they appear on the wire (`GET POINTS`, `SET <name>`;
+its Modbus registers, `rtu`); the panel names them as the `sim` profile's line protocol
+does, on any line.
+
 No I/O; times are passed in. `line` puts units on a line, `endpoints` on the wire.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, fields
 from typing import Protocol, TypeVar
@@ -16,8 +24,13 @@ from agent.controller.interface import (
     ControllerState,
     DeviceIdentity,
     Limits,
+    PointValue,
     round_to_step,
 )
+from agent.controller.line_profile import LineProfile
+from agent.controller.points import POINTS, InvalidValue, Kind, check_deadband
+from agent.controller.profile import Profile
+from agent.controller.sim_profile import SIM, SIM_LINE
 from agent.simulator.thermal_model import ThermalModel
 
 DEFAULT_IDENTITY = DeviceIdentity("SIM-TSTAT", "1.0.0", "SIM0001")
@@ -55,16 +68,32 @@ def append_bounded(records: list[T], record: T, limit: int) -> None:
     records.append(record)
 
 
+SIM_VALUES: dict[str, PointValue] = {
+    "heatSetPoint": 20.0,
+    "coolSetPoint": 24.0,
+    "mode": "heat",
+    "fan": "auto",
+    "occupied": True,
+    "humidity": 45.0,
+}
+"""What a unit's points besides set point and temperature hold when it starts."""
+
+HUMIDITY_LIMITS = Limits(0.0, 100.0, 0.1)
+
+
 @dataclass(frozen=True, slots=True)
 class WriteRecord:
-    """A SET SP the device received (on its line, or PANEL SP at the panel)."""
+    """A write the device received (SET SP or a Modbus write on its line, PANEL SP at the
+    panel), or of another point (`point`: SET H, PANEL M, a write of its register)."""
 
     at: float
     """time.monotonic() at the device when it processed the request."""
-    value: float
-    stored: float | None
-    """The value stored, rounded to the step; None if refused (out of range)."""
+    value: PointValue
+    stored: PointValue | None
+    """The value stored, a number rounded to its step; None if refused (out of range,
+    not a value of the point, against the deadband)."""
     channel: str
+    point: str = "setPoint"
 
 
 # --- requests as a device on the line sees them ---------------------------------------
@@ -76,6 +105,7 @@ _KINDS: dict[type[lp.Request], str] = {
     lp.GetTemperature: "GET T",
     lp.GetState: "GET STATE",
     lp.GetLimits: "GET LIMITS",
+    lp.GetPoints: "GET POINTS",
 }
 INVALID = "INVALID"
 """The kind of a request that is not one: bad framing, checksum or command."""
@@ -88,17 +118,21 @@ class TextRequest:
     address: int | None
     """The `@<n>` prefix's n; None without a prefix; NO_ADDRESS if it is malformed."""
     kind: str
-    """ID, GET SP, SET SP, GET T, GET STATE, GET LIMITS, or INVALID."""
+    """ID, GET SP, SET SP, GET T, GET STATE, GET LIMITS, GET POINTS, SET <name>, or
+    INVALID."""
     value: float | None
-    """The value of a SET SP."""
+    """The value of a SET SP, or of a SET <name> of a number."""
     request: lp.Request | None
     error: str | None
     """The code of the ERR reply the addressed device sends, when not a request."""
     checksummed: bool
+    point: str | None = None
+    """The point a SET writes."""
 
 
-def parse_text_request(line: bytes | None) -> TextRequest | None:
-    """The request in a received line (None: a line too long to keep); None if blank.
+def parse_text_request(line: bytes | None, points: LineProfile = SIM_LINE) -> TextRequest | None:
+    """The request in a received line (None: a line too long to keep); None if blank;
+    `points`: the names of the units' points.
 
     The same judgement as line_protocol.decode_line, in one pass: the fake parses every
     request on the line.
@@ -125,11 +159,20 @@ def parse_text_request(line: bytes | None) -> TextRequest | None:
     if checksummed and lp.checksum(text) != int(given, 16):
         return TextRequest(address, INVALID, None, None, "CHECKSUM", checksummed=True)
     try:
-        request = lp.parse_request(text[skip:].decode("ascii"))
+        request = lp.parse_request(text[skip:].decode("ascii"), points.writable_names)
     except lp.RequestError as exc:
         return TextRequest(address, INVALID, None, None, exc.code, checksummed)
-    value = request.value if isinstance(request, lp.SetSetpoint) else None
-    return TextRequest(address, _KINDS[type(request)], value, request, None, checksummed)
+    if isinstance(request, lp.SetValue):
+        point = points.point(request.name)
+        number = None
+        if point is not None and POINTS[point].kind is Kind.NUMBER:
+            with contextlib.suppress(ValueError):
+                number = lp.parse_number(request.value)
+        kind = f"SET {request.name}"
+        return TextRequest(address, kind, number, request, None, checksummed, point)
+    if isinstance(request, lp.SetSetpoint):
+        return TextRequest(address, "SET SP", request.value, request, None, checksummed, "setPoint")
+    return TextRequest(address, _KINDS[type(request)], None, request, None, checksummed)
 
 
 def decode_request(line: bytes) -> lp.Frame | bytes | None:
@@ -162,10 +205,15 @@ class DeviceCore:
         time_constant_s: float = 60.0,
         identity: DeviceIdentity = DEFAULT_IDENTITY,
         record_limit: int = DEFAULT_RECORD_LIMIT,
+        profile: Profile = SIM,
     ) -> None:
         self.limits = limits
         self.identity = identity
         self.record_limit = record_limit
+        self.profile = profile
+        """How its points appear on the wire (its line map, its registers)."""
+        self.values: dict[str, PointValue] = dict(SIM_VALUES)
+        """Its points besides set point and temperature, by name."""
         self.model = ThermalModel(
             setpoint=round_to_step(setpoint, limits),
             temperature=temperature,
@@ -175,7 +223,7 @@ class DeviceCore:
         self.writes: list[WriteRecord] = []
         """The last record_limit SET SP (or Modbus writes) received on the line."""
         self.panel_changes: list[WriteRecord] = []
-        """The last record_limit PANEL SP."""
+        """The last record_limit PANEL SP (and PANEL of the other points)."""
 
     def state(self, now: float) -> ControllerState:
         state = self.model.state(now)
@@ -186,6 +234,86 @@ class DeviceCore:
             output=state.output,
             mode=state.mode,
         )
+
+    def point_values(self, now: float) -> dict[str, PointValue]:
+        """Every point's value now, by name."""
+        state = self.state(now)
+        return {"setPoint": state.setpoint, "temperature": state.temperature, **self.values}
+
+    def limits_of(self, point: str) -> Limits:
+        """The values a number takes (the set point's: the unit's own limits)."""
+        if point == "setPoint":
+            return self.limits
+        if point == "humidity":
+            return HUMIDITY_LIMITS
+        found = self.profile.limits(point) or SIM.limits(point)
+        assert found is not None
+        return found
+
+    def store_point(
+        self, point: str, value: PointValue, now: float, channel: str
+    ) -> lp.ErrorReply | None:
+        """Store a point's value (a number rounded to its step) or refuse it with the
+        line protocol's error; record it as a write (a panel change on the panel)."""
+        refused = self._refusal(point, value)
+        stored: PointValue | None = None
+        if refused is None:
+            stored = value
+            if point == "temperature":
+                assert isinstance(value, float)
+                stored = round(value, 1)  # the sensor resolves 0.1 °C
+                self.model.advance(now)
+                self.model.temperature = stored
+            else:
+                if POINTS[point].kind is Kind.NUMBER:
+                    assert isinstance(value, float)
+                    stored = round_to_step(value, self.limits_of(point))
+                self.values[point] = stored
+        record = WriteRecord(at=now, value=value, stored=stored, channel=channel, point=point)
+        append_bounded(
+            self.panel_changes if channel == "panel" else self.writes, record, self.record_limit
+        )
+        return refused
+
+    def _refusal(self, point: str, value: PointValue) -> lp.ErrorReply | None:
+        known = POINTS[point]
+        if known.kind is Kind.CHOICE:
+            return None if value in known.choices else lp.ErrorReply("VALUE")
+        if known.kind is Kind.SWITCH:
+            return None if isinstance(value, bool) else lp.ErrorReply("VALUE")
+        if not isinstance(value, float):
+            return lp.ErrorReply("VALUE")
+        if point == "temperature":
+            return None
+        limits = self.limits_of(point)
+        if not limits.min <= value <= limits.max:
+            shown = (lp.format_number(limits.min), lp.format_number(limits.max))
+            return lp.ErrorReply("RANGE", shown)
+        stored = round_to_step(value, limits)
+        heat, cool = self.values["heatSetPoint"], self.values["coolSetPoint"]
+        if point in ("heatSetPoint", "coolSetPoint"):
+            assert isinstance(heat, float) and isinstance(cool, float)
+            heat, cool = (stored, cool) if point == "heatSetPoint" else (heat, stored)
+            if check_deadband(heat, cool, self.profile.deadband) is not None:
+                return lp.ErrorReply("DEADBAND", (lp.format_number(self.profile.deadband),))
+        return None
+
+    def set_value(self, point: str, text: str, now: float, channel: str) -> lp.Reply:
+        """`SET <name> <text>` (or the panel's `PANEL <name> <text>`, `points` the sim's
+        line map): the value as stored, or the error."""
+        points = self.profile.line if channel != "panel" else SIM_LINE
+        assert points is not None
+        try:
+            value = points.decode(point, text)
+        except InvalidValue:
+            return lp.ErrorReply("SYNTAX" if POINTS[point].kind is Kind.NUMBER else "VALUE")
+        if isinstance(value, float) and point == "setPoint":
+            return self.store_setpoint(value, now, channel)
+        refused = self.store_point(point, value, now, channel)
+        if refused is not None:
+            return refused
+        stored = self.point_values(now)[point]
+        return lp.ValueStored(points.name(point), points.encode(point, stored))
 
     def store_setpoint(self, value: float, now: float, channel: str) -> lp.Reply:
         """Store a set point (rounded to the step) or refuse it; record it as a write."""
@@ -220,6 +348,16 @@ class DeviceCore:
                 return lp.StateReply(self.state(now))
             case lp.GetLimits():
                 return lp.LimitsReply(self.limits)
+            case lp.GetPoints():
+                points = self.profile.line
+                if points is None:
+                    return lp.ErrorReply("UNKNOWN")
+                return lp.PointsReply(points.fields(self.point_values(now)))
+            case lp.SetValue(name, text):
+                point = None if self.profile.line is None else self.profile.line.point(name)
+                if point is None or not POINTS[point].writable:
+                    return lp.ErrorReply("UNKNOWN")
+                return self.set_value(point, text, now, channel)
         raise TypeError(f"not a request: {request!r}")  # pragma: no cover
 
     def answer_text(self, request: TextRequest, now: float, channel: str) -> bytes:
@@ -244,7 +382,7 @@ class DeviceCore:
     def respond(self, line: bytes, now: float, channel: str = "device") -> bytes | None:
         """The reply of a point-to-point device to one request line; None for a blank line
         or an addressed request (only devices with an address answer those)."""
-        request = parse_text_request(line)
+        request = parse_text_request(line, self.profile.line or SIM_LINE)
         if request is None or request.address is not None:
             return None
         return self.answer_text(request, now, channel)
@@ -385,6 +523,15 @@ class PanelSetpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class PanelValue:
+    """`PANEL <name> <value>`: a person changes a point at the device (names as the sim
+    profile's line protocol: H, C, M, F, O, RH, T)."""
+
+    point: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class FaultCommand:
     kind: str
     """UNPLUG, SILENT (seconds), SLOW and SLOWWRITE (ms), GARBAGE, STRAY, BADSUM, NOSUM
@@ -404,13 +551,19 @@ _FAULT_UNITS = {
 }
 
 
-def parse_panel_command(payload: str) -> PanelSetpoint | FaultCommand | None:
+_PANEL_USAGE = f"usage: PANEL {{{'|'.join(s.name for s in SIM_LINE.points.values())}}} <value>"
+
+
+def parse_panel_command(payload: str) -> PanelSetpoint | PanelValue | FaultCommand | None:
     """A panel-only command, or None if the payload is an ordinary device request."""
     words = payload.split()
     upper = [word.upper() for word in words]
     if upper[:1] == ["PANEL"]:
-        if upper[1:2] != ["SP"] or len(words) != 3:
-            raise lp.RequestError("SYNTAX", "usage: PANEL SP <value>")
+        point = SIM_LINE.point(upper[1]) if len(words) == 3 else None
+        if point is None:
+            raise lp.RequestError("SYNTAX", _PANEL_USAGE)
+        if point != "setPoint":
+            return PanelValue(point, upper[2])
         try:
             return PanelSetpoint(lp.parse_number(words[2]))
         except ValueError as exc:

@@ -32,8 +32,10 @@ from types import TracebackType
 from typing import Any, Self
 
 from agent.controller import line_protocol as lp
-from agent.controller.interface import DEFAULT_LIMITS, ControllerState, DeviceIdentity, Limits
+from agent.controller.interface import DEFAULT_LIMITS, DeviceIdentity, Limits
 from agent.controller.modbus_map import RegisterMap
+from agent.controller.profile import Profile
+from agent.controller.sim_profile import SIM
 from agent.simulator.clock import PreciseSleeper
 from agent.simulator.core import (
     DEFAULT_IDENTITY,
@@ -42,19 +44,21 @@ from agent.simulator.core import (
     FaultCommand,
     Faults,
     PanelSetpoint,
-    WriteRecord,
+    PanelValue,
     decode_request,
     parse_panel_command,
 )
 from agent.simulator.endpoints import PanelEndpoint, PtyEndpoint, Rfc2217Endpoint, TcpEndpoint
 from agent.simulator.rtu import RegisterView
+from agent.simulator.unit import DEFAULT_TURNAROUND_S, Unit
 from agent.simulator.wires import Incoming, RtuWire, TextWire, Wire
+
+__all__ = ["DEFAULT_TURNAROUND_S", "FakeLine", "LineCounters", "RequestRecord", "Unit"]
 
 log = logging.getLogger(__name__)
 
 WRITE_KINDS = frozenset({"SET SP", "WRITE", "WRITE MULTIPLE"})
-DEFAULT_TURNAROUND_S = 0.003
-"""How long a unit takes before it answers, with line time emulated: a few milliseconds."""
+"""The kinds of request that write (and `SET <name>` of any point)."""
 FAST_BAUD = 19_200
 SILENT_FAST_S = 0.00175
 """The silent interval above 19200 baud (Modbus over Serial Line, §2.5.1.1)."""
@@ -94,6 +98,8 @@ class RequestRecord:
     """1 for the first request on the line, counting on past the records dropped."""
     request_s: float = 0.0
     """How long the request's own bytes held the line (emulated line time)."""
+    point: str | None = None
+    """The point a write stores (`setPoint`, `mode`, ...)."""
 
     @property
     def ended_at(self) -> float:
@@ -129,79 +135,6 @@ class LineCounters:
     unit takes them for noise and does not answer."""
 
 
-class Unit:
-    """One device on the line: its core (set point, thermal model, writes), its faults."""
-
-    def __init__(self, line: FakeLine, address: int | None, core: DeviceCore) -> None:
-        self.line = line
-        self.address = address
-        self.core = core
-        self.faults = Faults()
-        self.registers: RegisterView | None = None
-        """Its Modbus registers, on a Modbus line."""
-        self.turnaround_s = DEFAULT_TURNAROUND_S
-        """How long it takes before it answers, with line time emulated."""
-        self.plug_count = 0
-        """How often the unit came back after FAULT UNPLUG."""
-        self._replug: asyncio.TimerHandle | None = None
-
-    def __repr__(self) -> str:
-        return f"<Unit {self.address} sp={self.setpoint}>"
-
-    @property
-    def setpoint(self) -> float:
-        return self.core.model.setpoint
-
-    @property
-    def writes(self) -> list[WriteRecord]:
-        return self.core.writes
-
-    @property
-    def panel_changes(self) -> list[WriteRecord]:
-        return self.core.panel_changes
-
-    @property
-    def unplugged(self) -> bool:
-        return self.faults.unplugged_until is not None
-
-    def state(self) -> ControllerState:
-        return self.core.state(time.monotonic())
-
-    def panel_setpoint(self, value: float) -> lp.Reply:
-        """A person sets the set point at the device."""
-        reply = self.core.store_setpoint(value, time.monotonic(), "panel")
-        self.line.notify()
-        return reply
-
-    def fault(self, kind: str, amount: float = 0.0) -> None:
-        """A fault of this unit only (see Faults.set); UNPLUG: it never answers until
-        `amount` seconds have passed (or CLEAR)."""
-        kind = kind.upper()
-        was_unplugged = self.unplugged
-        self.faults.set(kind, amount, time.monotonic())
-        if self._replug is not None and (kind in ("UNPLUG", "CLEAR")):
-            self._replug.cancel()
-            self._replug = None
-        if kind == "UNPLUG":
-            log.info("fake line: unit %s unplugged for %s s", self.address, amount)
-            self._replug = asyncio.get_running_loop().call_later(amount, self._plug)
-        elif kind == "CLEAR" and was_unplugged:
-            self._plug()
-        self.line.notify()
-
-    def _plug(self) -> None:
-        self._replug = None
-        self.faults.unplugged_until = None
-        self.plug_count += 1
-        log.info("fake line: unit %s plugged in again", self.address)
-        self.line.notify()
-
-    def _cancel_timers(self) -> None:
-        if self._replug is not None:
-            self._replug.cancel()
-            self._replug = None
-
-
 _SendReply = Callable[[bytes], None]
 
 
@@ -224,12 +157,14 @@ class FakeLine:
         emulate_baud: int | None = None,
         record_limit: int = DEFAULT_RECORD_LIMIT,
         turnaround_s: float = DEFAULT_TURNAROUND_S,
+        profile: Profile = SIM,
     ) -> None:
         """`units`: N units at addresses 1..N (or give `addresses`); neither: one point-to-
         point device. `modbus` (or a `register_map`): the units speak Modbus RTU with that
         map (default: the Modbus driver's), each at its address as unit id. With
         `emulate_baud`, every unit takes `turnaround_s` before it answers (each unit's
-        `turnaround_s` may be set apart)."""
+        `turnaround_s` may be set apart). `profile`: how the units' points appear on the
+        wire (the `sim` profile's maps by default)."""
         if turnaround_s < 0:
             raise ValueError(f"turnaround_s must be >= 0, not {turnaround_s}")
         if units is not None and addresses is not None:
@@ -252,10 +187,11 @@ class FakeLine:
             if chosen == [None]:
                 raise ValueError("Modbus units need addresses (unit ids)")
             self.register_map: RegisterMap | None = register_map or RegisterMap()
-            self.wire = RtuWire(self.register_map)
+            self.wire = RtuWire(self.register_map, profile.modbus)
         else:
             self.register_map = None
-            self.wire = TextWire()
+            self.wire = TextWire(profile.line)
+        self.profile = profile
         self.host = host
         self.emulate_baud = emulate_baud
         """If set, each transaction holds the line for its request's and reply's line time."""
@@ -282,6 +218,7 @@ class FakeLine:
                 time_constant_s=time_constant_s,
                 identity=unit_identity,
                 record_limit=record_limit,
+                profile=profile,
             )
             unit = Unit(self, address, core)
             unit.turnaround_s = turnaround_s
@@ -452,7 +389,7 @@ class FakeLine:
             reply = unit.faults.mangle(self.wire.answer(unit, incoming, now, channel), damage)
             reply = line_faults.mangle(reply, damage)
             slow = unit.faults.slow_s + line_faults.slow_s
-            if incoming.kind in WRITE_KINDS:
+            if incoming.kind in WRITE_KINDS or incoming.kind.startswith("SET "):
                 slow += unit.faults.slow_write_s + line_faults.slow_write_s
         busy = slow
         request_s = 0.0
@@ -484,6 +421,7 @@ class FakeLine:
                 other_client=other,
                 seq=counters.requests,
                 request_s=request_s,
+                point=incoming.point,
             )
         )
         self.notify()
@@ -493,8 +431,9 @@ class FakeLine:
     # --- the front panel --------------------------------------------------------------------
 
     def panel_reply(self, line: bytes | None) -> bytes | None:
-        """The panel's reply to one line: device requests, PANEL SP and FAULT commands, with
-        an optional `@<n> ` prefix naming the unit (FAULT without one: the whole line)."""
+        """The panel's reply to one line: device requests, PANEL (SP, H, C, M, F, O, RH, T)
+        and FAULT commands, with an optional `@<n> ` prefix naming the unit (FAULT without
+        one: the whole line)."""
         if line is None:
             return lp.encode_line("ERR SYNTAX", with_checksum=False)
         decoded = decode_request(line)
@@ -517,11 +456,15 @@ class FakeLine:
             if unit is None:
                 return lp.ErrorReply("ADDRESS")
             if command is None:
-                reply = unit.core.answer(lp.parse_request(payload), time.monotonic(), "panel")
+                names = () if self.profile.line is None else self.profile.line.writable_names
+                request = lp.parse_request(payload, names)
+                reply = unit.core.answer(request, time.monotonic(), "panel")
                 self.notify()
                 return reply
             if isinstance(command, PanelSetpoint):
                 return unit.panel_setpoint(command.value)
+            if isinstance(command, PanelValue):
+                return unit.panel_value(command.point, command.text)
             unit.fault(command.kind, command.amount)
             return lp.OkReply()
         except lp.RequestError as exc:

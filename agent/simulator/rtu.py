@@ -5,7 +5,9 @@ Pure: no I/O, times are passed in. The fake serves RTU itself, apart from the dr
 codec (agent.controller.modbus_rtu), so that each checks the other; the tests check both
 against pymodbus too.
 Functions served: 3 and 4 (read holding / input registers: the same registers), 6 and 16
-(write the set point register; every other register is read-only).
+(write the set point register); the registers of the unit's profile (agent.controller.
+sim_profile's by default: 2..7 beside the map's 0 and 1), each written with its point's own
+write function only; every other register is read-only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from agent.controller.modbus_map import (
     WRITE_SINGLE,
     RegisterMap,
 )
+from agent.controller.modbus_profile import ModbusProfile
+from agent.controller.points import InvalidValue
 from agent.simulator.core import INVALID, DeviceCore, append_bounded
 
 MAX_FRAME = 256
@@ -204,11 +208,13 @@ class RegisterAccess:
 
 
 class RegisterView:
-    """The registers of one unit, read from its device core at the time of the request."""
+    """The registers of one unit, read from its device core at the time of the request:
+    the register map's, and its profile's (the map's where both have a register)."""
 
     def __init__(self, register_map: RegisterMap, core: DeviceCore) -> None:
         self.map = register_map
         self.core = core
+        self.points = core.profile.modbus
         self.accesses: list[RegisterAccess] = []
         """The last record_limit requests that reached the registers."""
 
@@ -216,7 +222,16 @@ class RegisterView:
         """Register number -> raw value, as the unit holds them now."""
         m, core = self.map, self.core
         state = core.state(now)
-        values = {
+        values: dict[int, int] = {}
+        if self.points is not None:
+            held = core.point_values(now)
+            for name, spec in self.points.points.items():
+                try:
+                    values[spec.register] = self.points.encode(name, held[name])
+                except InvalidValue:
+                    # A value its map has none for (a fan speed a panel chose, say).
+                    values[spec.register] = 0xFFFF
+        values |= {
             m.setpoint_register: m.encode(state.setpoint),
             m.temperature_register: m.encode(state.temperature),
         }
@@ -231,11 +246,8 @@ class RegisterView:
             values[m.step_register] = m.encode(core.limits.step)
         return values
 
-    def decode_write(self, request: RtuRequest) -> float | None:
-        """The value a write carries, in the map's units."""
-        if request.function not in (WRITE_SINGLE, WRITE_MULTIPLE) or not request.values:
-            return None
-        return self.map.decode(request.values[0])
+    def written_point(self, register: int) -> str | None:
+        return written_point(self.map, self.points, register)
 
     def answer(self, request: RtuRequest, now: float, channel: str) -> bytes:
         """The reply frame to a request for this unit."""
@@ -270,15 +282,58 @@ class RegisterView:
         return with_crc(bytes((request.address, request.function, len(data))) + data)
 
     def _write(self, request: RtuRequest, now: float, channel: str) -> bytes:
-        if request.start != self.map.setpoint_register or request.count != 1:
+        point = self.written_point(request.start)
+        if point is None or request.count != 1:
             return exception_reply(request.address, request.function, ILLEGAL_ADDRESS)
-        value = self.map.decode(request.values[0])
-        reply = self.core.store_setpoint(value, now, channel)
-        if not isinstance(reply, lp.SetpointStored):
+        if point == "setPoint":
+            value = self.map.decode(request.values[0])
+            stored = isinstance(self.core.store_setpoint(value, now, channel), lp.SetpointStored)
+        else:
+            assert self.points is not None
+            spec = self.points.point(point)
+            if request.function != spec.write_function:
+                return exception_reply(request.address, request.function, ILLEGAL_FUNCTION)
+            try:
+                decoded = self.points.decode(point, request.values[0])
+            except InvalidValue:
+                return exception_reply(request.address, request.function, ILLEGAL_VALUE)
+            stored = self.core.store_point(point, decoded, now, channel) is None
+        if not stored:
             return exception_reply(request.address, request.function, ILLEGAL_VALUE)
         if request.function == WRITE_SINGLE:
             return request.frame  # the normal reply echoes the request
         return with_crc(request.frame[:6])
+
+
+def written_point(
+    register_map: RegisterMap, points: ModbusProfile | None, register: int
+) -> str | None:
+    """The point a write to `register` stores: the map's set point, or the profile's point
+    with that register that the agent writes (None: the register is read-only)."""
+    if register == register_map.setpoint_register:
+        return "setPoint"
+    if points is not None:
+        for name, spec in points.points.items():
+            if spec.register == register and spec.write_function is not None:
+                return name
+    return None
+
+
+def written_number(
+    register_map: RegisterMap, points: ModbusProfile | None, request: RtuRequest
+) -> tuple[str | None, float | None]:
+    """The point a write stores, and the number it carries (None for a choice's or a
+    switch's, or a register value its map does not give)."""
+    if request.function not in (WRITE_SINGLE, WRITE_MULTIPLE) or not request.values:
+        return None, None
+    point = written_point(register_map, points, request.start)
+    if point is None or point == "setPoint" or points is None:
+        return point, register_map.decode(request.values[0])
+    try:
+        value = points.decode(point, request.values[0])
+    except InvalidValue:
+        return point, None
+    return point, value if isinstance(value, float) else None
 
 
 class RtuDamage:

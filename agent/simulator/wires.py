@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.controller import line_protocol as lp
+from agent.controller.line_profile import LineProfile
 from agent.controller.modbus_map import RegisterMap
+from agent.controller.modbus_profile import ModbusProfile
 from agent.simulator.core import (
     ASCII_BITS_PER_CHAR,
     RTU_BITS_PER_CHAR,
@@ -27,6 +29,7 @@ from agent.simulator.rtu import (
     RtuRequest,
     RtuSplitter,
     parse_rtu_request,
+    written_number,
 )
 
 
@@ -56,6 +59,10 @@ class Incoming(Protocol):
     @property
     def value(self) -> float | None: ...
 
+    @property
+    def point(self) -> str | None:
+        """The point a write stores."""
+
 
 class Wire(Protocol):
     """What the bytes on the line mean: the line protocol or Modbus RTU."""
@@ -73,16 +80,21 @@ class Wire(Protocol):
 
 
 class TextWire:
-    """The ASCII line protocol."""
+    """The ASCII line protocol, the units' points named by `points` (their profile's)."""
 
     bits_per_char = ASCII_BITS_PER_CHAR
     damage: ReplyDamage = TEXT_DAMAGE
+
+    def __init__(self, points: LineProfile | None = None) -> None:
+        self.points = points
 
     def splitter(self) -> Splitter:
         return lp.LineSplitter()
 
     def parse(self, frame: bytes | None) -> TextRequest | None:
-        return parse_text_request(frame)
+        if self.points is None:
+            return parse_text_request(frame)
+        return parse_text_request(frame, self.points)
 
     def request_size(self, frame: bytes | None) -> int:
         return len(frame if frame is not None else b"") + len(lp.TERMINATOR)
@@ -95,6 +107,7 @@ class TextWire:
 class _RtuIncoming:
     request: RtuRequest
     value: float | None
+    point: str | None
 
     @property
     def address(self) -> int | None:
@@ -106,13 +119,15 @@ class _RtuIncoming:
 
 
 class RtuWire:
-    """Modbus RTU, every unit with the same register map (at its own unit id)."""
+    """Modbus RTU, every unit with the same register map (at its own unit id) and the same
+    profile's registers (`points`)."""
 
     bits_per_char = RTU_BITS_PER_CHAR
     damage: ReplyDamage = RTU_DAMAGE
 
-    def __init__(self, register_map: RegisterMap) -> None:
+    def __init__(self, register_map: RegisterMap, points: ModbusProfile | None = None) -> None:
         self.map = register_map
+        self.points = points
 
     def splitter(self) -> Splitter:
         return RtuSplitter()
@@ -121,10 +136,8 @@ class RtuWire:
         if frame is None:
             return None
         request = parse_rtu_request(frame)
-        value = None
-        if request.values:
-            value = self.map.decode(request.values[0])
-        return _RtuIncoming(request, value)
+        point, value = written_number(self.map, self.points, request)
+        return _RtuIncoming(request, value, point)
 
     def request_size(self, frame: bytes | None) -> int:
         return len(frame or b"")

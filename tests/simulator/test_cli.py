@@ -200,3 +200,6 @@ async def test_help_documents_the_line_and_its_panel() -> None:
         assert text in out
     for fault in (b"UNPLUG", b"SILENT", b"GARBAGE", b"SLOW", b"STRAY", b"BADSUM", b"NOSUM"):
         assert b"FAULT " + fault in out
+    for panel in (b"PANEL H 19.0", b"PANEL M COOL", b"PANEL F LOW", b"PANEL O 0", b"GET POINTS"):
+        assert panel in out
+    assert b'"profile": "sim"' in out

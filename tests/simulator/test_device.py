@@ -125,7 +125,8 @@ def test_panel_commands_parse(text: str, command: object) -> None:
     [
         "PANEL",
         "PANEL SP",
-        "PANEL T 3",
+        "PANEL X 3",
+        "PANEL M",
         "PANEL SP hot",
         "FAULT",
         "FAULT FIRE 1",

@@ -138,7 +138,7 @@ def test_writes_store_the_setpoint_and_echo() -> None:
 @pytest.mark.parametrize(
     ("frame", "code"),
     [
-        (read(1, 0, 3), ILLEGAL_ADDRESS),  # register 2 is not mapped
+        (read(1, 0, 9), ILLEGAL_ADDRESS),  # register 8 is not mapped
         (read(1, 40, 1), ILLEGAL_ADDRESS),
         (read(1, 0, 0), ILLEGAL_VALUE),
         (read(1, 0, 126), ILLEGAL_VALUE),
@@ -169,7 +169,10 @@ def test_a_full_register_map() -> None:
     )
     registers = view(full, limits=Limits(5.0, 30.0, 0.5))
     values = registers.registers(0.0)
-    assert values == {100: 2000, 200: 1800, 201: 50, 202: 1, 110: 500, 111: 3000, 112: 50}
+    mapped = {register: raw for register, raw in values.items() if register >= 100}
+    assert mapped == {100: 2000, 200: 1800, 201: 50, 202: 1, 110: 500, 111: 3000, 112: 50}
+    # Beside the map's, the sim profile's registers (0..7) are served too.
+    assert {register for register in values if register < 100} == set(range(8))
     assert full.mode_for(values[202]) is Mode.HEAT
     assert answer(registers, write_multiple(1, 100, [2250]))[1] == WRITE_MULTIPLE
 
