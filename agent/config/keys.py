@@ -15,6 +15,10 @@ class KeySettings(BaseModel):
         default="{device}\\synced",
         description="Key of a device's sync record: what the active last had on it.",
     )
+    point: str = Field(
+        default="{device}\\{point}",
+        description="Key of a device's other points, with a profile (heatSetPoint, mode, ...).",
+    )
     line: str = Field(
         default="{device}\\line",
         description="Key naming a device's line, for writers who know only the device.",
@@ -40,6 +44,14 @@ class KeySettings(BaseModel):
                 raise ValueError(
                     f"keys.{name}: only {{device}} and {{line}} may be substituted"
                 ) from None
+        try:
+            self.point.format(device="d", line="l", point="p")
+        except (KeyError, IndexError, ValueError):
+            raise ValueError(
+                "keys.point: only {device}, {line} and {point} may be substituted"
+            ) from None
+        if "{device}" not in self.point or "{point}" not in self.point:
+            raise ValueError("keys.point must contain {device} and {point}: one key per point")
         for name in per_device:
             if "{device}" not in getattr(self, name):
                 raise ValueError(f"keys.{name} must contain {{device}}: one key per device")
@@ -54,6 +66,12 @@ class KeySettings(BaseModel):
     def of(self, name: str, *, device: str, line: str) -> str:
         template: str = getattr(self, name)
         return template.format(device=device, line=line)
+
+    def of_point(self, point: str, *, device: str, line: str) -> str:
+        """A point's key: the set point's own (keys.setpoint), the others by keys.point."""
+        if point == "setPoint":
+            return self.of("setpoint", device=device, line=line)
+        return self.point.format(device=device, line=line, point=point)
 
     def of_line(self, name: str, line: str) -> str:
         """A line's key: `lock`, `paused` or `switchover` ({device} is the line's id too, as

@@ -156,6 +156,10 @@ class AgentSettings(BaseSettings):
         """A device's key: `setpoint`, `synced` or `line`."""
         return self.keys.of(name, device=device, line=self.line.id)
 
+    def point_key(self, point: str, device: str) -> str:
+        """A point's key: `<device>\\setPoint`, `<device>\\mode`, ..."""
+        return self.keys.of_point(point, device=device, line=self.line.id)
+
     @property
     def telemetry_line_topic(self) -> str:
         return self.telemetry.line_topic.format(line=self.line.id, device=self.line.id)

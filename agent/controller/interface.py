@@ -249,6 +249,25 @@ class Controller(ABC):
         `fresh_after` (monotonic) by the transaction just before.
         """
 
+    async def write_point(
+        self,
+        point: str,
+        value: PointValue,
+        *,
+        allowed: Callable[[], bool] | None = None,
+        expected: PointValue | None = None,
+        fresh_after: float | None = None,
+    ) -> PointValue:
+        """`write_setpoint` for any point the unit has (agent.controller.points)."""
+        if point != "setPoint":
+            raise ControllerError(f"this controller has no point {point}")
+        return await self.write_setpoint(
+            value,
+            allowed=allowed,
+            expected=None if expected is None else float(expected),
+            fresh_after=fresh_after,
+        )
+
     async def __aenter__(self) -> Self:
         await self.open()
         return self

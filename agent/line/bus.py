@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.controller import points
 from agent.controller.driver import Driver, Gate, GateClosed, LinkLost, Unit, open_gate
 from agent.controller.interface import (
     Controller,
@@ -43,6 +44,7 @@ from agent.controller.interface import (
     ControllerUnavailable,
     Limits,
     NotSent,
+    PointValue,
     ReadingChanged,
     SetpointRejected,
     Superseded,
@@ -335,12 +337,13 @@ class Bus:
                     return
                 self._quiet()
             state = handle.last_state
-            if state is None or abs(state.setpoint - op.expected) > _TOLERANCE:
-                now_holds = "nothing read" if state is None else state.setpoint
+            holds = None if state is None else state.value(op.point)
+            if holds is None or not points.same(holds, op.expected):
+                now_holds = "nothing read" if holds is None else holds
                 self._answer(
                     op,
                     error=ReadingChanged(
-                        f"{op.device}: holds {now_holds}, not {op.expected}: "
+                        f"{op.device}: {op.point} holds {now_holds}, not {op.expected}: "
                         f"write of {op.value} not sent",
                         state,
                     ),
@@ -418,7 +421,7 @@ class Bus:
             return self.driver.read_limits(unit, gate)
         if op.kind is Kind.WRITE:
             assert op.value is not None
-            return self.driver.write_setpoint(unit, op.value, gate)
+            return self.driver.write_point(unit, op.point, op.value, gate)
         return self.driver.read_state(unit, gate)
 
     def _settle(self, op: Op, outcome: Outcome, took_s: float | None = None) -> None:
@@ -587,8 +590,14 @@ class DeviceHandle(Controller):
             self._limits = result
         elif op.kind is Kind.WRITE:
             self._write_at = at
-            if self._state is not None:
-                self._state = dataclasses.replace(self._state, setpoint=result)
+            state = self._state
+            if state is not None:
+                if op.point == "setPoint":
+                    self._state = dataclasses.replace(state, setpoint=result)
+                else:
+                    self._state = dataclasses.replace(
+                        state, points={**state.points, op.point: result}
+                    )
                 self._state_at = at
         else:
             self._state, self._state_at = result, at
@@ -649,4 +658,41 @@ class DeviceHandle(Controller):
             raise
         if not math.isclose(stored, target, abs_tol=1e-9):
             log.warning("%s: wrote %s, the controller holds %s", self.name, target, stored)
+        return stored
+
+    async def write_point(
+        self,
+        point: str,
+        value: PointValue,
+        *,
+        allowed: Callable[[], bool] | None = None,
+        expected: PointValue | None = None,
+        fresh_after: float | None = None,
+    ) -> PointValue:
+        """`write_setpoint` for any point of the unit's profile: a number checked against
+        its limits and rounded to its step, a choice or a switch checked (InvalidValue,
+        nothing written)."""
+        if point == "setPoint":
+            assert isinstance(value, int | float) and not isinstance(value, bool)
+            return await self.write_setpoint(
+                value,
+                allowed=allowed,
+                expected=None if expected is None else float(expected),
+                fresh_after=fresh_after,
+            )
+        profile = self.unit.profile
+        if profile is None or point not in profile.writable:
+            raise ControllerError(f"{self.name} has no point {point} it can be written")
+        target = points.validate(points.point(point), value, profile.limits(point))
+        op = Op(
+            self.name,
+            Kind.WRITE,
+            target,
+            expected=expected,
+            fresh_after=float("-inf") if fresh_after is None else fresh_after,
+            point=point,
+        )
+        stored: PointValue = await self.bus.run(op, allowed)
+        if not points.same(stored, target):
+            log.warning("%s: wrote %s %s, the unit holds %s", self.name, point, target, stored)
         return stored

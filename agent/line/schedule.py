@@ -35,6 +35,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from agent.controller.interface import PointValue
+
 DEFAULT_QUARANTINE_AFTER = 2
 DEFAULT_QUARANTINE_AFTER_ERRORS = 3
 DEFAULT_PROBE_INITIAL_S = 30.0
@@ -67,13 +69,15 @@ class Op:
 
     device: str
     kind: Kind
-    value: float | None = None
-    expected: float | None = None
+    value: PointValue | None = None
+    expected: PointValue | None = None
     """For a write: the set point the unit held when it was decided. The bus reads the unit
     right before the write (unless its newest reading is fresh: taken after `fresh_after`,
     and by the transaction just before) and writes only if it still holds that: a panel
     change made since is not written over."""
     fresh_after: float = float("-inf")
+    point: str = "setPoint"
+    """For a write: which point (agent.controller.points)."""
     number: int = field(default_factory=itertools.count().__next__)
 
 
@@ -204,7 +208,8 @@ class BusSchedule:
             raise Refused(f"{op.device} is quarantined (not answering)")
         if op.kind is Kind.WRITE:
             for index, queued in enumerate(self._urgent):
-                if queued.device == op.device and queued.kind is Kind.WRITE:
+                same_point = queued.device == op.device and queued.point == op.point
+                if same_point and queued.kind is Kind.WRITE:
                     self._urgent[index] = op  # the latest takes the earlier one's turn
                     return queued
         self._urgent.append(op)

@@ -34,7 +34,7 @@ from agent.runtime.control import LineControl
 from agent.runtime.driving import ActiveLine
 from agent.runtime.health import DeviceView, Health, InstanceView
 from agent.runtime.health_http import HealthEndpoint
-from agent.runtime.line import make_driver, warn_about
+from agent.runtime.line import device_profile, make_driver, warn_about
 from agent.runtime.notify import Notifier
 from agent.runtime.reports import LineRate, device_snapshot, line_snapshot
 from agent.sync.device import DeviceKeys, DeviceSync
@@ -181,6 +181,7 @@ class Agent:
         self.leadership.must_cover(self._driver.longest_transaction_s)
         self.leadership.look_before_contending = self._look_at_the_lock
         for device in self.line.devices:
+            profile = device_profile(s, device)
             self.devices[device.id] = DeviceSync(
                 device.id,
                 self.client,
@@ -190,10 +191,12 @@ class Agent:
                     record=s.key("synced", device.id),
                     line=s.key("line", device.id),
                     line_id=self.line.id,
+                    points={name: s.point_key(name, device.id) for name in profile.points},
                 ),
                 StateFile(s.state_dir, device.id),
                 logging.LoggerAdapter(log, {"device": device.id}),
                 self.may_write,
+                profile,
             )
         try:
             if not await self._until_stopped(self._subscribe(), stop):
@@ -212,7 +215,7 @@ class Agent:
                 # Ready with the devices' state in its words, once they are reconciled.
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(READY_WAIT_S):
-                        await asyncio.gather(*(s.reconciled.wait() for s in self.devices.values()))
+                        await asyncio.gather(*(d.wait_reconciled() for d in self.devices.values()))
             self.notifier.ready(self._status_words())
             log.info("started as %s", self.role.value)
             self._add_periodic_jobs()
@@ -288,28 +291,43 @@ class Agent:
         self.session.on_connect(self._on_reconnect)
 
     async def _watch_device(self, device_id: str, sync: DeviceSync) -> bytes | None:
-        """Watches a device's set point and sync record; returns the record. A device whose
-        set point the broker's rules do not let this agent read is left out (said once);
-        the others are served."""
+        """Watches a device's points and its sync record; returns the record. A device
+        whose set point the broker's rules do not let this agent read is left out (said
+        once); the others are served. (A point other than the set point that the rules
+        refuse is left out of the device's sync.)"""
         assert self.client is not None
-        try:
-            value, version = await self.client.observe(
-                sync.keys.setpoint, functools.partial(self._on_setpoint, device_id)
-            )
-        except NotAuthorized:
-            with contextlib.suppress(StateStoreError, SessionError):
-                await self.client.unobserve(sync.keys.setpoint)
-            del self.devices[device_id]
-            log.error(
-                "device %s is not served: the store refuses to let this agent read %s (not "
-                "authorized by the broker's rules)",
-                device_id,
-                sync.keys.setpoint,
-                extra={"device": device_id},
-            )
-            return None
-        sync.follow_setpoint(value, version)
-        self.health.store_seen(device_id, value, version)
+        for point in list(sync.points):
+            key = sync.keys.of(point)
+            try:
+                value, version = await self.client.observe(
+                    key, functools.partial(self._on_point, device_id, point)
+                )
+            except NotAuthorized:
+                with contextlib.suppress(StateStoreError, SessionError):
+                    await self.client.unobserve(key)
+                if point != "setPoint":
+                    del sync.points[point]
+                    log.error(
+                        "%s of device %s is not kept in sync: the store refuses to let this "
+                        "agent read %s (not authorized by the broker's rules)",
+                        point,
+                        device_id,
+                        key,
+                        extra={"device": device_id},
+                    )
+                    continue
+                del self.devices[device_id]
+                log.error(
+                    "device %s is not served: the store refuses to let this agent read %s "
+                    "(not authorized by the broker's rules)",
+                    device_id,
+                    key,
+                    extra={"device": device_id},
+                )
+                return None
+            sync.follow_value(point, value, version)
+            if point == "setPoint":
+                self.health.store_seen(device_id, value, version)
         try:
             record, _ = await self.client.observe(
                 sync.keys.record, functools.partial(self._on_record, device_id)
@@ -432,15 +450,18 @@ class Agent:
 
     # ------------------------------------------------------------------ store events
 
-    async def _on_setpoint(self, device_id: str, change: KeyChange) -> None:
-        self.health.store_seen(device_id, change.value, change.version)
-        sync = self.devices[device_id]
+    async def _on_point(self, device_id: str, point: str, change: KeyChange) -> None:
+        if point == "setPoint":
+            self.health.store_seen(device_id, change.value, change.version)
+        sync = self.devices.get(device_id)
+        if sync is None or point not in sync.points:
+            return
         if self.role is Role.ACTIVE and sync.controller is not None:
-            sync.remote_changed(change)
+            sync.remote_changed(point, change)
         else:
             # Standby, or active with the line still opening: the takeover reads the store
             # again when it reconciles the device.
-            sync.follow_setpoint(change.value, change.version)
+            sync.follow_value(point, change.value, change.version)
 
     async def _on_record(self, device_id: str, change: KeyChange) -> None:
         if self.role is not Role.ACTIVE:

@@ -15,7 +15,6 @@ from agent.controller.driver import Driver
 from agent.controller.interface import ControllerState
 from agent.line.bus import Bus
 from agent.runtime.line import make_units, write_intervals
-from agent.sync.decisions import same
 from agent.sync.device import DeviceSync
 
 log = logging.getLogger("agent")
@@ -75,7 +74,7 @@ class ActiveLine:
         self._reconciling = self._spawn(self._say_reconciled(started, sum(needs)))
 
     async def _say_reconciled(self, started: float, first: int) -> None:
-        await asyncio.gather(*(sync.reconciled.wait() for sync in self.devices.values()))
+        await asyncio.gather(*(sync.wait_reconciled() for sync in self.devices.values()))
         log.info(
             "line open: %d device(s) reconciled in %.0f ms (%d with a remote change first)",
             len(self.devices),
@@ -107,7 +106,7 @@ class ActiveLine:
     def _reading_wanted(self, device_id: str, state: ControllerState) -> bool:
         """On the bus's thread: a routine reading is news only if it differs from what
         was last synced (most do not, and cost the event loop nothing)."""
-        return not same(state.setpoint, self.devices[device_id].status.synced.value)
+        return self.devices[device_id].wants(state)
 
     def _on_reading(self, device_id: str, state: ControllerState, at: float) -> None:
         self.devices[device_id].polled(state, at)

@@ -10,6 +10,7 @@ from agent.controller.driver import Driver, Unit
 from agent.controller.line_driver import LineDriver
 from agent.controller.modbus_driver import ModbusDriver
 from agent.controller.modbus_map import RegisterMap
+from agent.controller.profile import SET_POINT_ONLY, Profile
 from agent.controller.timing import cycle_s
 
 log = logging.getLogger("agent")
@@ -52,6 +53,13 @@ def _unit(settings: AgentSettings, device: DeviceSettings) -> Unit:
     unit_id = device.address if device.address is not None else serial.modbus_unit_id
     register_map = RegisterMap(unit_id=unit_id, status_function=chosen["read_function"], **chosen)
     return Unit(device.id, unit_id, register_map)
+
+
+def device_profile(settings: AgentSettings, device: DeviceSettings) -> Profile:
+    """The device's profile: its points, their limits and how they are kept (a device
+    without one has the set point alone)."""
+    found = getattr(device, "resolved_profile", None)
+    return found if isinstance(found, Profile) else SET_POINT_ONLY
 
 
 def write_intervals(settings: AgentSettings) -> dict[str, float]:

@@ -22,33 +22,59 @@ The store orders changes. The agent remembers the value and store version it las
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent.controller.interface import InvalidSetpoint, Limits, validate_setpoint
+from agent.controller import points
+from agent.controller.interface import Limits, PointValue
+from agent.controller.points import SET_POINT, InvalidValue, Point
 from agent.protocol.hlc import Hlc
 
-_DECIMAL = re.compile(rb"-?[0-9]{1,4}(\.[0-9]{1,6})?")
-_TOLERANCE = 1e-6
+InvalidRemoteValue = InvalidValue
+"""The store holds something the point cannot take."""
 
 
-class InvalidRemoteValue(ValueError):
-    """The store holds something that is not a usable set point."""
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What a remote value of one point must be: its kind (agent.controller.points), the
+    unit's limits for a number, and for a heating or cooling set point the other one's
+    value now and the least deadband between them."""
+
+    point: Point = SET_POINT
+    limits: Limits | None = None
+    partner: tuple[str, float | None, float] | None = None
+    """(the other set point's name, its value now, the deadband): a heating set point
+    must stay below the cooling one by the deadband, and the other way round."""
+
+    def valid(self, raw: bytes) -> tuple[PointValue, PointValue]:
+        """(as sent, as the unit will keep it: rounded to its step) or InvalidValue."""
+        sent = points.parse(self.point, raw)
+        kept = points.validate(self.point, sent, self.limits)
+        if self.partner is not None:
+            name, other, deadband = self.partner
+            assert isinstance(kept, float)
+            heat, cool = (kept, other) if name == "coolSetPoint" else (other, kept)
+            reason = points.check_deadband(heat, cool, deadband)
+            if reason is not None:
+                raise InvalidValue(reason)
+        return sent, kept
+
+
+def as_rules(rules: Rules | Limits) -> Rules:
+    return rules if isinstance(rules, Rules) else Rules(SET_POINT, rules)
 
 
 @dataclass(frozen=True, slots=True)
 class Synced:
     """The value both sides last agreed on, and its version in the store."""
 
-    value: float | None = None
+    value: PointValue | None = None
     version: Hlc | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ApplyToController:
-    value: float
+    value: PointValue
     version: Hlc
     # The store holds an unrounded value: write back what the controller keeps.
     correct_store: bool = False
@@ -56,7 +82,7 @@ class ApplyToController:
 
 @dataclass(frozen=True, slots=True)
 class PublishToStore:
-    value: float
+    value: PointValue
     reason: str
     only_if_absent: bool = False
     """The store held nothing: write only if it still holds nothing (SET NX), so that a
@@ -67,7 +93,7 @@ class PublishToStore:
 class Record:
     """Nothing to write: both sides already agree on `value` at `version`."""
 
-    value: float
+    value: PointValue
     version: Hlc | None
 
 
@@ -78,65 +104,58 @@ class Ignore:
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """An invalid remote value: logged and counted, the controller is left alone."""
+    """An invalid remote value: the controller is left alone, the store gets the unit's
+    value back (`restore`, fenced), and the refusal is recorded with its reason."""
 
     reason: str
+    value: bytes = b""
+    """The value refused, as the store held it."""
+    version: Hlc | None = None
+    restore: PointValue | None = None
+    """What the unit holds: written back to the key."""
 
 
 Decision = ApplyToController | PublishToStore | Record | Ignore | Reject
 
 
-def same(a: float | None, b: float | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return math.isclose(a, b, abs_tol=_TOLERANCE)
+def same(a: PointValue | None, b: PointValue | None) -> bool:
+    return points.same(a, b)
 
 
 def encode_setpoint(value: float) -> bytes:
     """ASCII decimal with at least one decimal place: 21.5, 22.0, 21.25."""
-    text = f"{value:.3f}".rstrip("0")
-    return (text + "0" if text.endswith(".") else text).encode()
+    return points.encode(SET_POINT, value)
 
 
 def parse_setpoint(raw: bytes) -> float:
-    if not _DECIMAL.fullmatch(raw):
-        shown = raw[:32].decode("ascii", errors="backslashreplace")
-        raise InvalidRemoteValue(f"not a decimal number: {shown!r}")
-    return float(raw)
-
-
-def _valid(raw: bytes, limits: Limits) -> tuple[float, float]:
-    """(as sent, rounded to the controller's step) or InvalidRemoteValue."""
-    parsed = parse_setpoint(raw)
-    try:
-        return parsed, validate_setpoint(parsed, limits)
-    except InvalidSetpoint as exc:
-        raise InvalidRemoteValue(str(exc)) from None
+    value = points.parse(SET_POINT, raw)
+    assert isinstance(value, float)
+    return value
 
 
 def on_remote_change(
-    synced: Synced, raw: bytes, version: Hlc, controller: float, limits: Limits
+    synced: Synced, raw: bytes, version: Hlc, controller: PointValue, rules: Rules | Limits
 ) -> Decision:
-    """A SET notification for the set point key; `controller` was just read."""
+    """A SET notification for the point's key; `controller` was just read."""
     if synced.version is not None and version <= synced.version:
         return Ignore(f"version {version} is not newer than the synced {synced.version}")
     if synced.value is not None and not same(controller, synced.value):
         return PublishToStore(controller, "local change crossed a remote change")
-    return _apply(raw, version, controller, limits)
+    return _apply(raw, version, controller, as_rules(rules))
 
 
-def _apply(raw: bytes, version: Hlc, controller: float, limits: Limits) -> Decision:
+def _apply(raw: bytes, version: Hlc, controller: PointValue, rules: Rules) -> Decision:
     try:
-        sent, rounded = _valid(raw, limits)
-    except InvalidRemoteValue as exc:
-        return Reject(str(exc))
-    correct = not same(sent, rounded)
-    if same(rounded, controller) and not correct:
-        return Record(rounded, version)
-    return ApplyToController(rounded, version, correct_store=correct)
+        sent, kept = rules.valid(raw)
+    except InvalidValue as exc:
+        return Reject(str(exc), raw, version, controller)
+    correct = not same(sent, kept)
+    if same(kept, controller) and not correct:
+        return Record(kept, version)
+    return ApplyToController(kept, version, correct_store=correct)
 
 
-def on_poll(synced: Synced, controller: float) -> Decision:
+def on_poll(synced: Synced, controller: PointValue) -> Decision:
     """The controller was read; a difference from the synced value is a local change."""
     if same(controller, synced.value):
         return Ignore("unchanged")
@@ -147,14 +166,16 @@ def reconcile(
     synced: Synced,
     store_raw: bytes | None,
     store_version: Hlc | None,
-    controller: float,
-    limits: Limits,
+    controller: PointValue,
+    rules: Rules | Limits,
 ) -> Decision:
     """At startup, after a reconnect or a controller reopen: bring the three together."""
+    rules = as_rules(rules)
     if store_raw is None:
-        return PublishToStore(controller, "the store has no set point", only_if_absent=True)
+        what = "set point" if rules.point is SET_POINT else rules.point.name
+        return PublishToStore(controller, f"the store has no {what}", only_if_absent=True)
     if synced.value is None:  # first run: the store is the reference
-        return _apply(store_raw, store_version or Hlc(0, 0, ""), controller, limits)
+        return _apply(store_raw, store_version or Hlc(0, 0, ""), controller, rules)
     local_changed = not same(controller, synced.value)
     remote_changed = store_version is not None and (
         synced.version is None or store_version > synced.version
@@ -164,7 +185,7 @@ def reconcile(
         return PublishToStore(controller, why + " while the agent was away")
     if remote_changed:
         assert store_version is not None
-        return _apply(store_raw, store_version, controller, limits)
+        return _apply(store_raw, store_version, controller, rules)
     return Ignore("in sync")
 
 
@@ -172,7 +193,7 @@ MAX_PENDING = 4
 """Writes in doubt remembered per device (newest last); older ones are forgotten."""
 
 
-def settled(synced: Synced, pending: Iterable[Synced], controller: float) -> Synced:
+def settled(synced: Synced, pending: Iterable[Synced], controller: PointValue) -> Synced:
     """What the controller holds, as a sync: `synced` if it holds that value; the newest
     write of ours still pending (issued, never confirmed) that it holds, newer than
     `synced`; else `synced` (and the controller holds a panel change)."""
@@ -209,7 +230,7 @@ def newer(a: Synced, b: Synced) -> Synced:
 
 
 def takeover_base(
-    own: Synced, record: Synced | None, seen: Iterable[Synced], controller: float
+    own: Synced, record: Synced | None, seen: Iterable[Synced], controller: PointValue
 ) -> Synced:
     """What the former active last had on the controller, for the one taking over.
 

@@ -1,95 +1,37 @@
-"""The set point sync of one device: reads the controller and the store, asks `decisions`,
-and carries out the answer. One operation at a time, so that decisions see a settled state.
+"""The sync of one device: each of its points (the set point, and with a profile the others:
+agent.controller.points) kept by a `PointSync` of its own, the device's sync record and its
+line's name kept here for all of them.
 
-It lives as long as the process. While standby it follows the store: the set point values
-it sees and the sync record of the active, so that on takeover it knows what the former
-active last had on the controller. While active it holds the controller (its place on the
-bus) and keeps both sides equal, writing a sync record after every sync.
-
-Work arrives in a mailbox with one slot per kind (the newest remote change, the newest
-poll reading that differs, a request to reconcile), served by one task per device: a burst
-of changes to one device collapses to the newest, and devices never wait for each other
-except on the line itself.
-
-A remote change is decided on the newest reading of the controller, and its write goes out
-only if the controller still holds what the decision saw (the bus reads it right before
-the write): a panel change made meanwhile is decided on again, never written over. Before
-the write goes out it is recorded as pending, in the store's sync record too, so that a
-write whose answer never came, or one a former active made before it was cut off, is never
-taken for a panel change later (`decisions.settled`).
+The points share the unit's place on the bus and the record; each has its own key, mailbox
+and worker, so that a change to one point never waits for another's. A routine reading of
+the unit (one transaction reads every point) goes to every point it says something new to,
+and read-only points a profile puts in the store are published when they moved by their
+deadband.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
+from agent.client.errors import FencingTokenLowerVersion, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
 from agent.client.session import SessionError
-from agent.client.statestore import Condition, KeyChange, StateStoreClient
-from agent.controller.interface import (
-    Controller,
-    ControllerError,
-    ControllerFault,
-    ControllerState,
-    ControllerUnavailable,
-    Limits,
-    NotSent,
-    ReadingChanged,
-    WriteNotAllowed,
-)
-from agent.protocol.hlc import Hlc
-from agent.sync import decisions
-from agent.sync.decisions import (
-    ApplyToController,
-    Decision,
-    Ignore,
-    InvalidRemoteValue,
-    PublishToStore,
-    Record,
-    Reject,
-    Synced,
-)
-from agent.sync.record import InvalidRecord, SyncRecord, encode_record, parse_full_record
+from agent.client.statestore import KeyChange, StateStoreClient
+from agent.controller import points
+from agent.controller.interface import Controller, ControllerState, PointValue
+from agent.controller.profile import SET_POINT_ONLY, Profile
+from agent.sync.decisions import Rules
+from agent.sync.device_record import DeviceRecord
+from agent.sync.point import PointSync, SyncCounters, SyncStatus
+from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
 from agent.sync.state_file import StateFile
 
-SEEN_WHILE_STANDBY = 64
-"""Set point values kept while standby, newest last (see `decisions.takeover_base`)."""
-_FENCE_ATTEMPTS = 3
-_DECIDE_AGAIN = 3
-"""How often a remote change is decided anew on a newer reading before it waits for the
-next event."""
-_WHAT_A_REFUSAL_COSTS = {
-    "write": "changes made at the controller are not published",
-    "read": "the device is not kept in sync",
-    "write the sync record to": "a takeover knows less of what this instance synced",
-    "write the line's name to": "remote writers cannot find the device's line",
-}
-
-
-@dataclass
-class SyncCounters:
-    invalid_remote_values: int = 0
-    controller_errors: int = 0
-    store_errors: int = 0
-    fenced_writes_rejected: int = 0
-    not_authorized: int = 0
-
-
-@dataclass
-class SyncStatus:
-    synced: Synced = field(default_factory=Synced)
-    synced_at: float | None = None  # wall clock, seconds
-    controller: str = "ok"  # ok | unavailable | error
-    counters: SyncCounters = field(default_factory=SyncCounters)
-    pending: tuple[Synced, ...] = ()
-    """Remote changes written (or about to be) to the controller, not yet confirmed."""
+__all__ = ["DeviceKeys", "DeviceSync", "SyncCounters", "SyncStatus"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +41,16 @@ class DeviceKeys:
     line: str
     """Names the device's line, for writers who know only the device."""
     line_id: str
+    points: Mapping[str, str] = field(default_factory=dict)
+    """Each point's key, the set point's included (filled from `setpoint` when empty)."""
+
+    def of(self, point: str) -> str:
+        if point == "setPoint":
+            return self.setpoint
+        return self.points[point]
 
 
 class DeviceSync:
-    """Moves the set point between one controller and its key, as the lock's holder."""
-
     def __init__(
         self,
         device_id: str,
@@ -113,278 +60,209 @@ class DeviceSync:
         state_file: StateFile,
         log: logging.Logger | logging.LoggerAdapter[logging.Logger],
         may_write: Callable[[], bool],
+        profile: Profile = SET_POINT_ONLY,
     ) -> None:
+        """`state_file`: the set point's (`<device>.synced.json`); each other point keeps
+        one beside it (`<device>.<point>.synced.json`)."""
         self.device_id = device_id
         self.client = client
         self.lock = lock
         self.keys = keys
-        self.state_file = state_file
-        synced = state_file.load()
-        self.status = SyncStatus(
-            synced=synced, pending=decisions.still_pending(state_file.load_pending(), synced)
-        )
+        self.profile = profile
         self.log = log
         self._may_write = may_write
-        self._busy = asyncio.Lock()
-        self._seen: deque[Synced] = deque(maxlen=SEEN_WHILE_STANDBY)
-        self.controller: Controller | None = None
-        # The mailbox: the newest of each kind of work, and what wakes the worker.
-        self._remote: tuple[float, KeyChange] | None = None  # (arrived, monotonic), change
-        self._reading: tuple[float, ControllerState] | None = None
-        self._reconcile_wanted = False
-        self._wake = asyncio.Event()
-        self._worker: asyncio.Task[None] | None = None
-        self._refused: set[str] = set()  # keys the broker's rules refuse us, said once
-        self._takeover: tuple[Synced | None, bytes | None, Hlc | None] | None = None
-        self.reconciled = asyncio.Event()
-        """Set once the device was reconciled after the takeover: it is served."""
+        self.record = DeviceRecord(keys.record, lock, may_write)
+        self.points: dict[str, PointSync] = {}
+        for name in profile.writable:
+            self.points[name] = PointSync(
+                device_id,
+                points.point(name),
+                keys.of(name),
+                client,
+                lock,
+                self.record,
+                state_file if name == "setPoint" else _beside(state_file, device_id, name),
+                log,
+                may_write,
+                self._rules_for(name),
+            )
+        self.setpoint = self.points["setPoint"]
+        self._stored: dict[str, float] = {}
+        """Read-only points last published to the store (the profile asks for some)."""
+        self._storing: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
-    # ------------------------------------------------------------------ the mailbox
+    # ------------------------------------------------------------------ the set point's
+
+    @property
+    def status(self) -> SyncStatus:
+        """The set point's status (the device's, as before profiles)."""
+        return self.setpoint.status
+
+    @property
+    def controller(self) -> Controller | None:
+        return self.setpoint.controller
+
+    # ------------------------------------------------------------------ every point
 
     def start(self) -> None:
-        if self._worker is None:
-            self._worker = asyncio.create_task(self._serve(), name=f"sync {self.device_id}")
+        for point in self.points.values():
+            point.start()
 
     async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
-            self._worker = None
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*(point.stop() for point in self.points.values()))
 
-    def remote_changed(self, change: KeyChange) -> None:
-        """A change of the set point key, while active: applied by the worker (a newer one
-        arriving first takes its place)."""
-        self._remote = (time.monotonic(), change)
-        self._wake.set()
-
-    def polled(self, state: ControllerState, at: float) -> None:
-        """A routine poll's reading, ended on the wire at `at` (monotonic): work only if it
-        differs from the last synced value."""
-        if self.controller is None:
-            return
-        self.status.controller = "ok"
-        if decisions.same(state.setpoint, self.status.synced.value):
-            return
-        if self._reading is None or at >= self._reading[0]:
-            self._reading = (at, state)
-        self._wake.set()
+    async def wait_reconciled(self) -> None:
+        """Until every point was reconciled after the takeover (each is served as soon
+        as it is)."""
+        await asyncio.gather(*(point.reconciled.wait() for point in self.points.values()))
 
     def reconcile_soon(self) -> None:
-        """Compare store, controller and last synced state again (after a reconnect, or a
-        controller that answers again)."""
-        self._reconcile_wanted = True
-        self._wake.set()
+        for point in self.points.values():
+            point.reconcile_soon()
 
-    async def _serve(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self.controller is not None:
-                try:
-                    if self._takeover is not None:
-                        (record, store_raw, store_version), self._takeover = self._takeover, None
-                        await self._reconcile_at_takeover(record, store_raw, store_version)
-                        self.reconciled.set()
-                    elif self._reconcile_wanted:
-                        self._reconcile_wanted = False
-                        await self.reconcile()
-                    elif self._remote is not None:
-                        (arrived, change), self._remote = self._remote, None
-                        await self.on_remote_change(change, arrived)
-                    elif self._reading is not None:
-                        (at, state), self._reading = self._reading, None
-                        await self._on_reading(at, state)
-                    else:
-                        break
-                except Exception:
-                    # A bug must not end the device's sync: say so and carry on.
-                    self.log.exception("set point sync failed; carrying on")
+    async def reconcile(self) -> None:
+        await asyncio.gather(*(point.reconcile() for point in self.points.values()))
 
-    # ------------------------------------------------------------------ standby
+    async def quiesce(self, timeout: float) -> None:
+        await asyncio.gather(*(point.quiesce(timeout) for point in self.points.values()))
 
-    def follow_setpoint(self, value: bytes | None, version: Hlc | None) -> None:
-        """While standby: a set point value the store held (the active keeps both sides
-        equal, so it is a candidate for what the controller holds)."""
-        if value is None or version is None:
-            return
-        with contextlib.suppress(InvalidRemoteValue):
-            self._seen.append(Synced(decisions.parse_setpoint(value), version))
+    def release(self) -> Controller | None:
+        controller = self.controller
+        for point in self.points.values():
+            point.release()
+        return controller
 
-    async def follow_record(self, value: bytes | None) -> None:
-        """While standby: the active's sync record, kept as our own last synced state (on
-        disk too), so that a restart or a takeover knows it even if the store forgets."""
-        record = self._parse_record(value)
+    def wants(self, state: ControllerState) -> bool:
+        """A reading says something new: to a point (it differs from the last synced
+        value) or to the store (a read-only point the profile keeps there moved by its
+        deadband). Asked on the bus's thread: it only reads."""
+        return any(point.wants(state) for point in self.points.values()) or bool(
+            self._to_store(state)
+        )
+
+    def polled(self, state: ControllerState, at: float) -> None:
+        for point in self.points.values():
+            point.polled(state, at)
+        for name, value in self._to_store(state).items():
+            if name not in self._storing:
+                self._storing.add(name)
+                self._spawn(self._store_reading(name, value))
+
+    def remote_changed(self, point: str, change: KeyChange) -> None:
+        self.points[point].remote_changed(change)
+
+    def follow_value(self, point: str, value: bytes | None, version: Any) -> None:
+        self.points[point].follow_value(value, version)
+
+    async def follow_record(self, raw: bytes | None) -> None:
+        """While standby: the active's sync record, each point's entry to that point."""
+        record = self._parse_record(raw)
         if record is None:
             return
-        synced = decisions.newer(self.status.synced, record.synced)
-        pending = decisions.still_pending((*self.status.pending, *record.pending), synced)
-        if (synced, pending) != (self.status.synced, self.status.pending):
-            self.status.synced, self.status.pending = synced, pending
-            await self._save_locally()
+        for name, point in self.points.items():
+            await point.follow_record(record.point(name))
 
     # ------------------------------------------------------------------ taking over
 
     async def take_over(self, controller: Controller) -> bool:
-        """Holds the controller from now on: reads the sync record, the set point and the
-        line's name, each written back with this instance's token (the fence), and leaves
-        the device to be reconciled by its worker, once `start()`ed (`reconciled` is set
-        then). True if the store showed a remote change the former active never applied
-        (a device to reconcile first); False also when the store could not be read."""
-        self.controller = controller
-        self.reconciled.clear()
+        """Holds the controller from now on: fences the sync record and the line's name
+        (read, and written back with this instance's token), names the line if it is not
+        named yet, then hands each point its part of the record to fence its own key and
+        be reconciled by its worker once `start()`ed. True if the store showed a remote
+        change the former active never applied, to any point."""
         try:
-            (record_raw, _), (store_raw, store_version), (line, _) = await asyncio.gather(
-                self._read_and_fence(self.keys.record, "write the sync record to"),
-                self._read_and_fence(self.keys.setpoint, "write"),
-                self._read_and_fence(self.keys.line, "write the line's name to"),
+            (record_raw, _), (line, _) = await asyncio.gather(
+                self.setpoint.fence(self.keys.record, "write the sync record to"),
+                self.setpoint.fence(self.keys.line, "write the line's name to"),
             )
         except (LockNotHeld, FencingTokenLowerVersion):
+            for point in self.points.values():
+                point.controller = controller
             return False  # lost already: the lock says so
         except (StateStoreError, SessionError) as exc:
-            self._store_failed(exc, self.keys.setpoint, "read")
-            self.reconcile_soon()
-            self.reconciled.set()
-            return False
+            self.log.warning("could not read %s: %s", self.keys.record, exc)
+            record_raw, line = None, None
         if line != self.keys.line_id.encode():
             await self._name_the_line()
         record = self._parse_record(record_raw)
         if record is not None:
-            self.status.pending = decisions.still_pending(
-                (*self.status.pending, *record.pending), self.status.synced
+            self.record.refused = record.refused
+        needs = await asyncio.gather(
+            *(
+                point.take_over(controller, None if record is None else record.point(name))
+                for name, point in self.points.items()
             )
-        synced = self.status.synced if record is None else record.synced
-        self._takeover = (synced, store_raw, store_version)
-        self._wake.set()
-        return store_version is not None and (
-            synced.version is None or store_version > synced.version
         )
+        return any(needs)
 
-    async def _reconcile_at_takeover(
-        self, record: Synced | None, store_raw: bytes | None, store_version: Hlc | None
-    ) -> None:
-        """Brings the three together: what the former active last had on the controller
-        (its record, a write of its still pending, or a value seen in the store since), the
-        store, and the controller."""
-        seen = [*self._seen, *self.status.pending]
+    async def _name_the_line(self) -> None:
+        """`<device>\\line` tells a remote writer which lock fences this device."""
+        try:
+            await self.lock.fenced_set(self.keys.line, self.keys.line_id)
+        except LockNotHeld:
+            pass
+        except (StateStoreError, SessionError) as exc:
+            self.log.warning("could not write the line's name to %s: %s", self.keys.line, exc)
 
-        def decide(controller_value: float) -> Decision:
-            base = decisions.takeover_base(self.status.synced, record, seen, controller_value)
-            if base != self.status.synced:
-                self.log.info("takeover: the former active last synced %s", base.value)
-                self.status.synced = base
-            return decisions.reconcile(
-                base, store_raw, store_version, controller_value, self._limits()
-            )
+    # ------------------------------------------------------------------ internals
 
-        async with self._busy:
-            # Read again inside the operation: the fence's reading may be old by now (a
-            # remote change made since must not be taken for an empty or older store).
-            try:
-                store_raw, store_version = await self.client.get(self.keys.setpoint)
-            except (StateStoreError, SessionError) as exc:
-                self._store_failed(exc, self.keys.setpoint, "read")
-                self.reconcile_soon()
-                return
-            await self._run_locked("takeover", decide)
-        self._seen.clear()
+    def _rules_for(self, name: str) -> Callable[[ControllerState], Rules]:
+        """What a remote value of `name` must be, given the unit's reading: its limits
+        (the set point's as the unit says them, the others' from the profile) and, for a
+        heating or cooling set point, the other one's value with the least deadband."""
+        point = points.point(name)
+        partner_name = {"heatSetPoint": "coolSetPoint", "coolSetPoint": "heatSetPoint"}.get(name)
+        if partner_name is not None and partner_name not in self.profile.points:
+            partner_name = None
 
-    async def _read_and_fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
-        """Reads a key and writes the same value back with this instance's token, only if it
-        is still that value (NEX). The store fences a key by the token of its last write, not
-        by the lock: without this, a write the former active sent before its deadline and the
-        network delivered late (a partition healing) would still be accepted."""
-        value, version = await self.client.get(key)
-        for _ in range(_FENCE_ATTEMPTS):
-            if value is None:
-                break
-            try:
-                fenced = await self.lock.fenced_set(key, value, condition=Condition.NEX)
-            except NotAuthorized as exc:
-                self._store_failed(exc, key, writing)
-                break
-            if fenced.applied:
-                self._store_allowed(key)
-                break
-            value, version = await self.client.get(key)  # written meanwhile: once more
-        return value, version
-
-    def release(self) -> Controller | None:
-        """Stepping down: hands back the controller; pending work is dropped (the next
-        active reconciles)."""
-        controller, self.controller = self.controller, None
-        self._remote, self._reading, self._reconcile_wanted = None, None, False
-        self._takeover = None
-        self.reconciled.clear()
-        return controller
-
-    # ------------------------------------------------------------------ events (active)
-
-    async def on_remote_change(self, change: KeyChange, arrived: float | None = None) -> None:
-        """A change of the set point key; `arrived` (monotonic) when it reached the agent:
-        a reading taken since then may stand for a fresh read of the controller."""
-        value, version = change.value, change.version
-        if value is None or version is None:
-            # A delete, or a change found without its version: compare the three anew
-            # (a deleted key gets the controller's value back).
-            if change.kind == "DELETE":
-                self.log.info("set point key deleted in the store: publishing it again")
-            await self.reconcile()
-            return
-        async with self._busy:
-            await self._run_locked(
-                "remote change",
-                lambda controller: decisions.on_remote_change(
-                    self.status.synced, value, version, controller, self._limits()
-                ),
-                since=time.monotonic() if arrived is None else arrived,
-            )
-
-    async def poll(self) -> None:
-        """Reads the controller now (urgent) and publishes a local change."""
-        await self._run("poll", lambda c: decisions.on_poll(self.status.synced, c))
-
-    async def _on_reading(self, at: float, state: ControllerState) -> None:
-        async with self._busy:
+        def rules(state: ControllerState) -> Rules:
             controller = self.controller
-            if controller is None or not self._may_write():
+            if name == "setPoint":
+                limits = None if controller is None else controller.limits
+            else:
+                limits = self.profile.limits(name)
+            if limits is not None:
+                self.record.limits[name] = limits
+            partner = None
+            if partner_name is not None:
+                other = state.value(partner_name)
+                other_value = other if isinstance(other, float) else None
+                partner = (partner_name, other_value, self.profile.deadband)
+            return Rules(point, limits, partner)
+
+        return rules
+
+    def _to_store(self, state: ControllerState) -> dict[str, float]:
+        """Read-only points the profile keeps in the store that moved by their deadband."""
+        moved: dict[str, float] = {}
+        for name, rules in self.profile.points.items():
+            if rules.store_deadband is None or points.point(name).writable:
+                continue
+            value = state.value(name)
+            if not isinstance(value, float):
+                continue
+            last = self._stored.get(name)
+            if last is None or abs(value - last) >= rules.store_deadband:
+                moved[name] = value
+        return moved
+
+    async def _store_reading(self, name: str, value: PointValue) -> None:
+        try:
+            if not self._may_write():
                 return
-            written = controller.last_write_at
-            if written is not None and at < written:
-                return  # read before our last write went out: stale
-            await self._settle(state.setpoint)
-            decision = decisions.on_poll(self.status.synced, state.setpoint)
-            await self._carry_out("poll", decision, state.setpoint, at)
-
-    async def reconcile(self) -> None:
-        async with self._busy:
-            if self.controller is None or not self._may_write():
-                return
-            # Read inside the operation: a store value read before another operation
-            # changed it would be stale by the time it is compared.
-            try:
-                raw, version = await self.client.get(self.keys.setpoint)
-            except (StateStoreError, SessionError) as exc:
-                self._store_failed(exc, self.keys.setpoint, "read")
-                return
-            await self._run_locked(
-                "reconcile",
-                lambda c: decisions.reconcile(self.status.synced, raw, version, c, self._limits()),
-            )
-
-    async def quiesce(self, timeout: float) -> None:
-        """Waits for the operation in progress and lets no other start."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._busy.acquire()
-
-    # ------------------------------------------------------------------ carrying out
-
-    def _limits(self) -> Limits:
-        assert self.controller is not None
-        limits = self.controller.limits
-        assert limits is not None
-        return limits
+            key = self.keys.of(name)
+            await self.lock.fenced_set(key, points.encode(points.point(name), value))
+            assert isinstance(value, float)
+            self._stored[name] = value
+        except (LockNotHeld, FencingTokenLowerVersion):
+            pass
+        except (StateStoreError, SessionError) as exc:
+            self.log.debug("could not publish %s: %s", name, exc)
+        finally:
+            self._storing.discard(name)
 
     def _parse_record(self, raw: bytes | None) -> SyncRecord | None:
         if raw is None:
@@ -395,230 +273,11 @@ class DeviceSync:
             self.log.warning("ignoring the sync record in %s: %s", self.keys.record, exc)
             return None
 
-    async def _run(self, what: str, decide: Callable[[float], Decision]) -> None:
-        async with self._busy:
-            await self._run_locked(what, decide)
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _run_locked(
-        self, what: str, decide: Callable[[float], Decision], *, since: float | None = None
-    ) -> None:
-        """Reads the controller (or takes its newest reading, if taken after `since`),
-        decides and carries the decision out; a write goes out only if the unit still holds
-        what the decision saw, and one that finds it changed is decided again on the new
-        reading."""
-        controller = self.controller
-        if controller is None or not self._may_write():
-            return
-        started = time.monotonic() if since is None else since
-        state = controller.last_state
-        state_at = controller.last_state_at
-        if state_at is None or state_at < started:
-            state = None
-        try:
-            if state is None:
-                # The whole state in one exchange: telemetry reports it too.
-                state = await controller.read_state()
-            if controller.limits is None:
-                await controller.read_limits()
-        except ControllerFault as exc:
-            self._controller_fault(exc)
-            self.log.debug("%s: controller not readable: %s", what, exc)
-            return
-        self.status.controller = "ok"
-        for _ in range(_DECIDE_AGAIN):
-            await self._settle(state.setpoint)
-            changed = await self._carry_out(what, decide(state.setpoint), state.setpoint, started)
-            if changed is None or self.controller is None or not self._may_write():
-                return
-            self.log.info(
-                "%s: the controller changed to %s before the write went out: deciding again",
-                what,
-                changed.setpoint,
-            )
-            state = changed
 
-    async def _settle(self, controller_value: float) -> None:
-        """A controller that holds a write of ours still pending holds our write, not a
-        panel change: synced at that write's version from now on."""
-        base = decisions.settled(self.status.synced, self.status.pending, controller_value)
-        if base != self.status.synced and base.value is not None:
-            self.log.info(
-                "the controller holds %s, written by the agent (version %s): synced",
-                base.value,
-                base.version,
-            )
-            await self._record(base.value, base.version)
-
-    async def _carry_out(
-        self, what: str, decision: Decision, controller_value: float, read_after: float
-    ) -> ControllerState | None:
-        """Carries out `decision`; the newest reading if a write found the unit changed."""
-        if isinstance(decision, Ignore):
-            self.log.debug("%s: %s", what, decision.reason)
-        elif isinstance(decision, Reject):
-            self.status.counters.invalid_remote_values += 1
-            self.log.warning(
-                "%s: invalid set point in the store ignored: %s", what, decision.reason
-            )
-        elif isinstance(decision, Record):
-            await self._record(decision.value, decision.version)
-        elif isinstance(decision, PublishToStore):
-            await self._publish(
-                decision.value, decision.reason, only_if_absent=decision.only_if_absent
-            )
-        elif isinstance(decision, ApplyToController):
-            return await self._apply(decision, controller_value, read_after)
-        return None
-
-    async def _apply(
-        self, decision: ApplyToController, controller_value: float, read_after: float
-    ) -> ControllerState | None:
-        assert self.controller is not None
-        intent = Synced(decision.value, decision.version)
-        pending = decisions.still_pending((*self.status.pending, intent), self.status.synced)
-        # The write is recorded before it goes out: a write whose answer never comes, or
-        # one this instance makes just before it is cut off, is known to be the agent's.
-        if not await self._write_record(self.status.synced, pending):
-            self.log.info("write of %s held back: its pending record was not written", intent.value)
-            return None
-        self.status.pending = pending
-        await self._save_locally()
-        try:
-            readback = await self.controller.write_setpoint(
-                decision.value,
-                allowed=self._may_write,
-                expected=controller_value,
-                fresh_after=read_after,
-            )
-        except ReadingChanged as exc:
-            self._forget_pending(intent)
-            return exc.state
-        except (WriteNotAllowed, NotSent) as exc:
-            self._forget_pending(intent)  # nothing went out
-            self.log.info("write of %s not sent: %s", decision.value, exc)
-            return None
-        except ControllerFault as exc:
-            # It may have reached the controller all the same: it stays pending.
-            self._controller_fault(exc)
-            self.log.warning("could not apply set point %s: %s", decision.value, exc)
-            return None
-        self.log.info(
-            "applied remote set point %s to the controller (version %s)",
-            readback,
-            decision.version,
-        )
-        await self._record(readback, decision.version)
-        if decision.correct_store or not decisions.same(readback, decision.value):
-            await self._publish(readback, "the controller keeps a rounded value")
-        return None
-
-    def _forget_pending(self, intent: Synced) -> None:
-        self.status.pending = tuple(p for p in self.status.pending if p != intent)
-
-    async def _publish(self, value: float, reason: str, *, only_if_absent: bool = False) -> None:
-        if not self._may_write():
-            return
-        try:
-            result = await self.lock.fenced_set(
-                self.keys.setpoint,
-                decisions.encode_setpoint(value),
-                condition=Condition.NX if only_if_absent else None,
-            )
-        except FencingTokenLowerVersion:
-            self.status.counters.fenced_writes_rejected += 1
-            self.log.warning("store refused our write of %s: a newer active wrote", value)
-            return
-        except LockNotHeld:
-            return
-        except (StateStoreError, SessionError) as exc:
-            self._store_failed(exc, self.keys.setpoint, "write")
-            return
-        self._store_allowed(self.keys.setpoint)
-        if not result.applied:
-            # Written meanwhile (a remote change to an empty store): compare anew.
-            self.log.info("set point %s not published: the store has one now", value)
-            self.reconcile_soon()
-            return
-        self.log.info(
-            "published set point %s to the store (%s, version %s)", value, reason, result.version
-        )
-        await self._record(value, result.version)
-
-    async def _name_the_line(self) -> None:
-        """`<device>\\line` tells a remote writer which lock fences this device."""
-        try:
-            await self.lock.fenced_set(self.keys.line, self.keys.line_id)
-        except LockNotHeld:
-            pass
-        except (StateStoreError, SessionError) as exc:
-            self._store_failed(exc, self.keys.line, "write the line's name to")
-
-    def _store_failed(self, exc: Exception, key: str, doing: str) -> None:
-        """Counts a store error; a refusal by the broker's rules is said once per key (and
-        again only after it was allowed in between), naming the key and what it costs."""
-        if isinstance(exc, NotAuthorized):
-            self.status.counters.not_authorized += 1
-            if key not in self._refused:
-                self._refused.add(key)
-                self.log.error(
-                    "the store refuses to let this agent %s %s (not authorized by the "
-                    "broker's rules): %s",
-                    doing,
-                    key,
-                    _WHAT_A_REFUSAL_COSTS.get(doing, "this is skipped"),
-                )
-            return
-        self.status.counters.store_errors += 1
-        self.log.warning("could not %s %s: %s", doing, key, exc)
-
-    def _store_allowed(self, key: str) -> None:
-        if key in self._refused:
-            self._refused.discard(key)
-            self.log.info("the store lets this agent use %s again", key)
-
-    def _controller_fault(self, exc: ControllerFault) -> None:
-        if isinstance(exc, ControllerUnavailable):
-            self.status.controller = "unavailable"
-        elif isinstance(exc, ControllerError):
-            self.status.controller = "error"
-        self.status.counters.controller_errors += 1
-
-    async def _record(self, value: float, version: Hlc | None) -> None:
-        """Both sides agree on `value` at `version`: remember it, on disk and in the store
-        (the sync record, for whoever takes over next)."""
-        synced = Synced(value, version)
-        pending = decisions.still_pending(self.status.pending, synced)
-        if (synced, pending) == (self.status.synced, self.status.pending):
-            return
-        self.status.synced, self.status.pending = synced, pending
-        self.status.synced_at = time.time()
-        await self._save_locally()
-        if version is not None:
-            await self._write_record(synced, pending)
-
-    async def _write_record(self, synced: Synced, pending: tuple[Synced, ...]) -> bool:
-        """The sync record in the store, fenced; True once the store has it."""
-        if not self._may_write():
-            return False
-        if synced.value is None or synced.version is None:
-            # Nothing synced yet (a first run): a record of the pending writes alone
-            # cannot be written, so a write in doubt is known to this instance only.
-            return True
-        try:
-            await self.lock.fenced_set(self.keys.record, encode_record(synced, pending))
-        except FencingTokenLowerVersion:
-            self.status.counters.fenced_writes_rejected += 1
-            self.log.warning("store refused our sync record: a newer active wrote")
-            return False
-        except LockNotHeld:
-            return False
-        except (StateStoreError, SessionError) as exc:
-            self._store_failed(exc, self.keys.record, "write the sync record to")
-            return isinstance(exc, NotAuthorized)  # the rules refuse it: nobody reads it
-        return True
-
-    async def _save_locally(self) -> None:
-        try:
-            await self.state_file.store(self.status.synced, self.status.pending)
-        except OSError as exc:
-            self.log.warning("could not save the synced state: %s", exc)
+def _beside(state_file: StateFile, device_id: str, point: str) -> StateFile:
+    return StateFile(Path(state_file.path.parent), f"{device_id}.{point}")

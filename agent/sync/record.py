@@ -10,19 +10,31 @@ to the controller is in doubt (recorded before the write goes out, settled by it
 the record also names it, `"pending":[{"value":22.0,"version":"..."}]`, so that whoever
 takes over knows a controller holding 22.0 holds the former active's write, not a panel
 change (see `decisions.settled`).
+
+A unit with a profile has more points (agent.controller.points); each has the same under
+`"points"`: `"points":{"mode":{"value":"heat","version":"...","pending":[...]}}` (a number
+as a JSON number, a choice as a string, a switch as true or false). The set point stays at
+the top, so that a reader of the set point alone sees no change. Beside them, for operators
+and their tools: the limits of each number the unit takes (`"limits":{"setPoint":[5,35,0.5]}`)
+and the last remote value the unit could not take, with why (`"refused":{"point":"setPoint",
+"value":"99","version":"...","reason":"99 is above the limit 35"}`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from agent.controller.interface import Limits, PointValue
+from agent.controller.points import POINTS, Kind
 from agent.protocol.hlc import Hlc, HlcError
 from agent.sync.decisions import MAX_PENDING, Synced
 
-MAX_RECORD_BYTES = 1024
+MAX_RECORD_BYTES = 4096
+MAX_REASON = 200
 
 
 class InvalidRecord(ValueError):
@@ -30,29 +42,84 @@ class InvalidRecord(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class SyncRecord:
+class PointRecord:
     synced: Synced
     pending: tuple[Synced, ...] = ()
     """Writes to the controller issued and not confirmed, oldest first."""
 
 
-def encode_record(synced: Synced, pending: tuple[Synced, ...] = ()) -> bytes:
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A remote value the unit could not take: restored in the key, and why."""
+
+    point: str
+    value: str
+    version: Hlc | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRecord:
+    synced: Synced
+    pending: tuple[Synced, ...] = ()
+    """The set point's writes to the controller issued and not confirmed, oldest first."""
+    points: Mapping[str, PointRecord] = field(default_factory=dict)
+    """The unit's other points."""
+    limits: Mapping[str, Limits] = field(default_factory=dict)
+    refused: Refusal | None = None
+
+    def point(self, name: str) -> PointRecord | None:
+        if name == "setPoint":
+            return PointRecord(self.synced, self.pending)
+        return self.points.get(name)
+
+
+def encode_record(
+    synced: Synced,
+    pending: tuple[Synced, ...] = (),
+    *,
+    points: Mapping[str, PointRecord] | None = None,
+    limits: Mapping[str, Limits] | None = None,
+    refused: Refusal | None = None,
+) -> bytes:
     if synced.value is None or synced.version is None:
         raise ValueError("only a complete sync (value and version) is recorded")
-    data: dict[str, Any] = {"value": synced.value, "version": str(synced.version)}
+    data: dict[str, Any] = _entry(synced)
     if pending:
         data["pending"] = [_entry(write) for write in pending[-MAX_PENDING:]]
+    if points:
+        data["points"] = {
+            name: {
+                **_entry(entry.synced),
+                **(
+                    {"pending": [_entry(w) for w in entry.pending[-MAX_PENDING:]]}
+                    if entry.pending
+                    else {}
+                ),
+            }
+            for name, entry in points.items()
+            if entry.synced.value is not None and entry.synced.version is not None
+        }
+    if limits:
+        data["limits"] = {name: [lim.min, lim.max, lim.step] for name, lim in limits.items()}
+    if refused is not None:
+        data["refused"] = {
+            "point": refused.point,
+            "value": refused.value[:64],
+            "version": None if refused.version is None else str(refused.version),
+            "reason": refused.reason[:MAX_REASON],
+        }
     return json.dumps(data, separators=(",", ":")).encode()
 
 
 def _entry(synced: Synced) -> dict[str, Any]:
     if synced.value is None or synced.version is None:
-        raise ValueError("only a complete write (value and version) is pending")
+        raise ValueError("only a complete write (value and version) is recorded")
     return {"value": synced.value, "version": str(synced.version)}
 
 
 def parse_record(raw: bytes) -> Synced:
-    """The sync the record holds (see `parse_full_record` for its pending writes too)."""
+    """The set point's sync the record holds (see `parse_full_record` for the rest)."""
     return parse_full_record(raw).synced
 
 
@@ -63,10 +130,20 @@ def parse_full_record(raw: bytes) -> SyncRecord:
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise InvalidRecord("not a JSON object")
-        pending = data.get("pending", [])
-        if not isinstance(pending, list) or len(pending) > MAX_PENDING:
-            raise InvalidRecord(f"pending must be a list of at most {MAX_PENDING} writes")
-        return SyncRecord(_parse_entry(data), tuple(_parse_entry(entry) for entry in pending))
+        entries = data.get("points", {})
+        if not isinstance(entries, dict):
+            raise InvalidRecord("points must be an object")
+        return SyncRecord(
+            _parse_entry(data, "setPoint"),
+            _parse_pending(data, "setPoint"),
+            {
+                name: PointRecord(_parse_entry(entry, name), _parse_pending(entry, name))
+                for name, entry in entries.items()
+                if name in POINTS and name != "setPoint"
+            },
+            _parse_limits(data.get("limits", {})),
+            _parse_refusal(data.get("refused")),
+        )
     except InvalidRecord:
         raise
     except (ValueError, TypeError, KeyError, HlcError, RecursionError, AttributeError) as exc:
@@ -74,10 +151,50 @@ def parse_full_record(raw: bytes) -> SyncRecord:
         raise InvalidRecord(f"not a sync record: {shown!r} ({exc})") from None
 
 
-def _parse_entry(data: Any) -> Synced:
+def _parse_pending(data: Any, name: str) -> tuple[Synced, ...]:
+    pending = data.get("pending", [])
+    if not isinstance(pending, list) or len(pending) > MAX_PENDING:
+        raise InvalidRecord(f"pending must be a list of at most {MAX_PENDING} writes")
+    return tuple(_parse_entry(entry, name) for entry in pending)
+
+
+def _parse_entry(data: Any, name: str) -> Synced:
     value, version = data["value"], data["version"]
+    if not isinstance(version, str):
+        raise InvalidRecord("a version is a text")
+    return Synced(_value(name, value), Hlc.parse(version))
+
+
+def _value(name: str, value: Any) -> PointValue:
+    kind = POINTS[name].kind
+    if kind is Kind.SWITCH:
+        if not isinstance(value, bool):
+            raise InvalidRecord(f"{name}'s value is not true or false: {value!r}")
+        return value
+    if kind is Kind.CHOICE:
+        if value not in POINTS[name].choices:
+            raise InvalidRecord(f"{name}'s value is not one of its choices: {value!r}")
+        return str(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidRecord(f"value is not a number: {value!r}")
-    if not math.isfinite(value) or not isinstance(version, str):
+    if not math.isfinite(value):
         raise InvalidRecord("value must be finite and version a text")
-    return Synced(float(value), Hlc.parse(version))
+    return float(value)
+
+
+def _parse_limits(data: Any) -> dict[str, Limits]:
+    if not isinstance(data, dict):
+        raise InvalidRecord("limits must be an object")
+    return {name: Limits(*map(float, triple)) for name, triple in data.items() if name in POINTS}
+
+
+def _parse_refusal(data: Any) -> Refusal | None:
+    if data is None:
+        return None
+    version = data.get("version")
+    return Refusal(
+        str(data["point"]),
+        str(data["value"]),
+        None if version is None else Hlc.parse(version),
+        str(data["reason"]),
+    )

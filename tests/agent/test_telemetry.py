@@ -195,7 +195,7 @@ def test_invalid_remote_value_is_counted(rig: Rig, subscriber: TelemetrySubscrib
     before = subscriber.wait_for(from_instance("a", "active")).body["errors"]
     assert isinstance(before, dict)
     rig.remote_set(b"99")
-    agent.wait_for_new(re.compile("invalid set point in the store ignored"))
+    agent.wait_for_new(re.compile(r"setPoint .* refused"))
 
     def counted(message: Telemetry) -> bool:
         errors = message.body["errors"]

@@ -161,16 +161,16 @@ def test_journal_priorities_and_fields(site: PairSite) -> None:
     cursor = gateway.cursor()
     # A value no controller takes: the active logs a warning and leaves the controller alone.
     store_set(site.host, site.port, SETPOINT_KEY, "hot", "--fence-with", LOCK_KEY)
-    gateway.wait_journal(r"invalid set point in the store ignored", unit=UNIT, after=cursor)
+    gateway.wait_journal(r"setPoint 'hot' refused", unit=UNIT, after=cursor)
     store_set(site.host, site.port, SETPOINT_KEY, "21.5", "--fence-with", LOCK_KEY)
     gateway.wait_journal(r"21\.5", unit=UNIT, after=cursor)
 
     # As an operator asks: warnings only, of one device.
     warnings = gateway.journal("-u", UNIT, "-p", "warning", f"DEVICE={DEVICE}")
-    assert "invalid set point in the store ignored" in warnings
+    assert "setPoint 'hot' refused" in warnings
     assert "started as" not in warnings and "became active" not in warnings
     entries = gateway.entries(after=cursor, unit=UNIT, DEVICE=DEVICE, INSTANCE=active)
-    (warning,) = [e for e in entries if "invalid set point" in e["MESSAGE"]]
+    (warning,) = [e for e in entries if "'hot' refused" in e["MESSAGE"]]
     assert warning["PRIORITY"] == "4"
     assert warning["SYSLOG_IDENTIFIER"] == "agent"
     assert warning["MESSAGE"].startswith(f"[{LINE}/{DEVICE} {active}] ")

@@ -57,7 +57,7 @@ def test_record_round_trip() -> None:
         b'{"value":1,"version":"nope"}',
         b"[" * 10_000,
         b"\xff\xfe",
-        b'{"value":1,"version":"1:0:a"}' + b" " * 1100,
+        b'{"value":1,"version":"1:0:a"}' + b" " * 4100,
         b'{"value":1,"version":"1:0:a","pending":{}}',
         b'{"value":1,"version":"1:0:a","pending":[{"value":2}]}',
         b'{"value":1,"version":"1:0:a","pending":[' + b'{"value":2,"version":"1:0:a"},' * 4

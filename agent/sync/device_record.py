@@ -1,0 +1,75 @@
+"""One device's sync record as its points keep it (the format: agent.sync.record).
+
+Each point updates its own entry; a write sends the whole record, fenced with the lock's
+token, one write at a time and always the newest entries, so that two points syncing at
+once never write each other's entry back to an older value."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
+from agent.client.lock import LeasedLock, LockNotHeld
+from agent.client.session import SessionError
+from agent.controller.interface import Limits
+from agent.sync.decisions import Synced
+from agent.sync.record import PointRecord, Refusal, encode_record
+
+
+class Written(enum.Enum):
+    OK = "written"
+    NOT_DRIVING = "not driving"
+    FENCED = "refused: a newer active wrote"
+    NOT_AUTHORIZED = "not authorized"
+    FAILED = "failed"
+
+
+@dataclass
+class DeviceRecord:
+    key: str
+    lock: LeasedLock
+    may_write: Callable[[], bool]
+    entries: dict[str, PointRecord] = field(default_factory=dict)
+    limits: dict[str, Limits] = field(default_factory=dict)
+    refused: Refusal | None = None
+    error: Exception | None = None
+    """The last write's failure (store error), for the caller's log."""
+    _writing: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def update(self, point: str, synced: Synced, pending: tuple[Synced, ...]) -> None:
+        self.entries[point] = PointRecord(synced, pending)
+
+    async def write(self) -> Written:
+        """The record in the store, fenced: the newest entries of every point."""
+        if not self.may_write():
+            return Written.NOT_DRIVING
+        async with self._writing:
+            setpoint = self.entries.get("setPoint")
+            if setpoint is None or setpoint.synced.value is None or setpoint.synced.version is None:
+                # Nothing synced yet (a first run): a record of pending writes alone cannot
+                # be written, so a write in doubt is known to this instance only.
+                return Written.OK
+            others = {name: e for name, e in self.entries.items() if name != "setPoint"}
+            raw = encode_record(
+                setpoint.synced,
+                setpoint.pending,
+                points=others,
+                limits=self.limits,
+                refused=self.refused,
+            )
+            try:
+                await self.lock.fenced_set(self.key, raw)
+            except FencingTokenLowerVersion:
+                return Written.FENCED
+            except LockNotHeld:
+                return Written.NOT_DRIVING
+            except NotAuthorized as exc:
+                self.error = exc
+                return Written.NOT_AUTHORIZED
+            except (StateStoreError, SessionError) as exc:
+                self.error = exc
+                return Written.FAILED
+            return Written.OK

@@ -1,0 +1,644 @@
+"""The sync of one point of one device (`setPoint`, or another a profile gives it): reads
+the controller and the store, asks `decisions`, and carries out the answer. One operation
+at a time, so that decisions see a settled state.
+
+It lives as long as the process. While standby it follows the store: the point's values it
+sees and the sync record of the active, so that on takeover it knows what the former active
+last had on the controller. While active it holds the controller (its place on the bus)
+and keeps both sides equal, writing the device's sync record (agent.sync.device_record)
+after every sync.
+
+Work arrives in a mailbox with one slot per kind (the newest remote change, the newest
+poll reading that differs, a request to reconcile), served by one task per point: a burst
+of changes to one point collapses to the newest, and points never wait for each other
+except on the line itself.
+
+A remote change is decided on the newest reading of the controller, and its write goes out
+only if the controller still holds what the decision saw (the bus reads it right before
+the write): a panel change made meanwhile is decided on again, never written over. Before
+the write goes out it is recorded as pending, in the store's sync record too, so that a
+write whose answer never came, or one a former active made before it was cut off, is never
+taken for a panel change later (`decisions.settled`). A remote value the unit cannot take
+is refused: the key gets the unit's value back (fenced) and the refusal is recorded with
+its reason in the sync record, where operators' tools read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
+from agent.client.lock import LeasedLock, LockNotHeld
+from agent.client.session import SessionError
+from agent.client.statestore import Condition, KeyChange, StateStoreClient
+from agent.controller import points
+from agent.controller.interface import (
+    Controller,
+    ControllerError,
+    ControllerFault,
+    ControllerState,
+    ControllerUnavailable,
+    NotSent,
+    PointValue,
+    ReadingChanged,
+    WriteNotAllowed,
+)
+from agent.controller.points import Point
+from agent.protocol.hlc import Hlc
+from agent.sync import decisions
+from agent.sync.decisions import (
+    ApplyToController,
+    Decision,
+    Ignore,
+    InvalidRemoteValue,
+    PublishToStore,
+    Record,
+    Reject,
+    Rules,
+    Synced,
+)
+from agent.sync.device_record import DeviceRecord, Written
+from agent.sync.record import PointRecord, Refusal
+from agent.sync.state_file import StateFile
+
+Decide = Callable[[PointValue, Rules], Decision]
+"""Decides on the point's value as the unit holds it and the rules a remote value keeps."""
+SEEN_WHILE_STANDBY = 64
+"""A point's values kept while standby, newest last (see `decisions.takeover_base`)."""
+_FENCE_ATTEMPTS = 3
+_DECIDE_AGAIN = 3
+"""How often a remote change is decided anew on a newer reading before it waits for the
+next event."""
+_WHAT_A_REFUSAL_COSTS = {
+    "write": "changes made at the controller are not published",
+    "read": "the device is not kept in sync",
+    "write the sync record to": "a takeover knows less of what this instance synced",
+    "write the line's name to": "remote writers cannot find the device's line",
+}
+
+
+@dataclass
+class SyncCounters:
+    invalid_remote_values: int = 0
+    controller_errors: int = 0
+    store_errors: int = 0
+    fenced_writes_rejected: int = 0
+    not_authorized: int = 0
+
+
+@dataclass
+class SyncStatus:
+    synced: Synced = field(default_factory=Synced)
+    synced_at: float | None = None  # wall clock, seconds
+    controller: str = "ok"  # ok | unavailable | error
+    counters: SyncCounters = field(default_factory=SyncCounters)
+    pending: tuple[Synced, ...] = ()
+    """Remote changes written (or about to be) to the controller, not yet confirmed."""
+
+
+class PointSync:
+    """Moves one point between one controller and its key, as the lock's holder."""
+
+    def __init__(
+        self,
+        device_id: str,
+        point: Point,
+        key: str,
+        client: StateStoreClient,
+        lock: LeasedLock,
+        record: DeviceRecord,
+        state_file: StateFile,
+        log: logging.Logger | logging.LoggerAdapter[logging.Logger],
+        may_write: Callable[[], bool],
+        rules: Callable[[ControllerState], Rules],
+    ) -> None:
+        """`rules(state)`: what a remote value must be, given the unit's reading (its
+        limits; for a heating or cooling set point, the other one's value)."""
+        self.device_id = device_id
+        self.point = point
+        self.name = point.name
+        self.key = key
+        self.client = client
+        self.lock = lock
+        self.record = record
+        self.state_file = state_file
+        self._rules = rules
+        synced = state_file.load()
+        self.status = SyncStatus(
+            synced=synced, pending=decisions.still_pending(state_file.load_pending(), synced)
+        )
+        self.log = log
+        self._may_write = may_write
+        self._busy = asyncio.Lock()
+        self._seen: deque[Synced] = deque(maxlen=SEEN_WHILE_STANDBY)
+        self.controller: Controller | None = None
+        # The mailbox: the newest of each kind of work, and what wakes the worker.
+        self._remote: tuple[float, KeyChange] | None = None  # (arrived, monotonic), change
+        self._reading: tuple[float, ControllerState] | None = None
+        self._reconcile_wanted = False
+        self._wake = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._refused: set[str] = set()  # keys the broker's rules refuse us, said once
+        self._takeover: Synced | None = None
+        self.reconciled = asyncio.Event()
+        """Set once the device was reconciled after the takeover: it is served."""
+
+    # ------------------------------------------------------------------ the mailbox
+
+    def start(self) -> None:
+        if self._worker is None:
+            self._worker = asyncio.create_task(
+                self._serve(), name=f"sync {self.device_id} {self.name}"
+            )
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+            self._worker = None
+
+    def remote_changed(self, change: KeyChange) -> None:
+        """A change of the point's key, while active: applied by the worker (a newer one
+        arriving first takes its place)."""
+        self._remote = (time.monotonic(), change)
+        self._wake.set()
+
+    def polled(self, state: ControllerState, at: float) -> None:
+        """A routine poll's reading, ended on the wire at `at` (monotonic): work only if it
+        differs from the last synced value."""
+        if self.controller is None:
+            return
+        self.status.controller = "ok"
+        if not self.wants(state):
+            return
+        if self._reading is None or at >= self._reading[0]:
+            self._reading = (at, state)
+        self._wake.set()
+
+    def wants(self, state: ControllerState) -> bool:
+        """A reading says something new to this point: it differs from the last synced
+        value. (Asked on the bus's thread too: it only reads.)"""
+        value = state.value(self.name)
+        return value is not None and not decisions.same(value, self.status.synced.value)
+
+    def reconcile_soon(self) -> None:
+        """Compare store, controller and last synced state again (after a reconnect, or a
+        controller that answers again)."""
+        self._reconcile_wanted = True
+        self._wake.set()
+
+    async def _serve(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.controller is not None:
+                try:
+                    if self._takeover is not None:
+                        record, self._takeover = self._takeover, None
+                        await self._reconcile_at_takeover(record)
+                        self.reconciled.set()
+                    elif self._reconcile_wanted:
+                        self._reconcile_wanted = False
+                        await self.reconcile()
+                    elif self._remote is not None:
+                        (arrived, change), self._remote = self._remote, None
+                        await self.on_remote_change(change, arrived)
+                    elif self._reading is not None:
+                        (at, state), self._reading = self._reading, None
+                        await self._on_reading(at, state)
+                    else:
+                        break
+                except Exception:
+                    # A bug must not end the device's sync: say so and carry on.
+                    self.log.exception("%s sync failed; carrying on", self.name)
+
+    # ------------------------------------------------------------------ standby
+
+    def follow_value(self, value: bytes | None, version: Hlc | None) -> None:
+        """While standby: a value the store held (the active keeps both sides equal, so it
+        is a candidate for what the controller holds)."""
+        if value is None or version is None:
+            return
+        with contextlib.suppress(InvalidRemoteValue):
+            self._seen.append(Synced(points.parse(self.point, value), version))
+
+    async def follow_record(self, entry: PointRecord | None) -> None:
+        """While standby: the point's entry in the active's sync record, kept as our own
+        last synced state (on disk too), so that a restart or a takeover knows it even if
+        the store forgets."""
+        if entry is None:
+            return
+        synced = decisions.newer(self.status.synced, entry.synced)
+        pending = decisions.still_pending((*self.status.pending, *entry.pending), synced)
+        if (synced, pending) != (self.status.synced, self.status.pending):
+            self.status.synced, self.status.pending = synced, pending
+            await self._save_locally()
+
+    # ------------------------------------------------------------------ taking over
+
+    async def take_over(self, controller: Controller, entry: PointRecord | None) -> bool:
+        """Holds the controller from now on: reads the point's key and writes it back with
+        this instance's token (the fence), and leaves the point to be reconciled by its
+        worker, once `start()`ed (`reconciled` is set then). `entry`: the point's part of
+        the record the device read and fenced. True if the store showed a remote change
+        the former active never applied (a device to reconcile first); False also when the
+        store could not be read."""
+        self.controller = controller
+        self.reconciled.clear()
+        try:
+            _, store_version = await self.fence(self.key, "write")
+        except (LockNotHeld, FencingTokenLowerVersion):
+            return False  # lost already: the lock says so
+        except (StateStoreError, SessionError) as exc:
+            self._store_failed(exc, self.key, "read")
+            self.reconcile_soon()
+            self.reconciled.set()
+            return False
+        if entry is not None:
+            self.status.pending = decisions.still_pending(
+                (*self.status.pending, *entry.pending), self.status.synced
+            )
+        synced = self.status.synced if entry is None else entry.synced
+        self._takeover = synced
+        self._wake.set()
+        return store_version is not None and (
+            synced.version is None or store_version > synced.version
+        )
+
+    async def _reconcile_at_takeover(self, record: Synced | None) -> None:
+        """Brings the three together: what the former active last had on the controller
+        (its record, a write of its still pending, or a value seen in the store since), the
+        store, and the controller."""
+        seen = [*self._seen, *self.status.pending]
+        async with self._busy:
+            # Read inside the operation: the fence's reading may be old by now (a remote
+            # change made since must not be taken for an empty or older store).
+            try:
+                store_raw, store_version = await self.client.get(self.key)
+            except (StateStoreError, SessionError) as exc:
+                self._store_failed(exc, self.key, "read")
+                self.reconcile_soon()
+                return
+
+            def decide(value: PointValue, rules: Rules) -> Decision:
+                base = decisions.takeover_base(self.status.synced, record, seen, value)
+                if base != self.status.synced:
+                    self.log.info(
+                        "takeover: the former active last synced %s %s", self.name, base.value
+                    )
+                    self.status.synced = base
+                return decisions.reconcile(base, store_raw, store_version, value, rules)
+
+            await self._run_locked("takeover", decide)
+        self._seen.clear()
+
+    async def fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
+        """Reads a key and writes the same value back with this instance's token, only if it
+        is still that value (NEX). The store fences a key by the token of its last write, not
+        by the lock: without this, a write the former active sent before its deadline and the
+        network delivered late (a partition healing) would still be accepted."""
+        value, version = await self.client.get(key)
+        for _ in range(_FENCE_ATTEMPTS):
+            if value is None:
+                break
+            try:
+                fenced = await self.lock.fenced_set(key, value, condition=Condition.NEX)
+            except NotAuthorized as exc:
+                self._store_failed(exc, key, writing)
+                break
+            if fenced.applied:
+                self._store_allowed(key)
+                break
+            value, version = await self.client.get(key)  # written meanwhile: once more
+        return value, version
+
+    def release(self) -> Controller | None:
+        """Stepping down: hands back the controller; pending work is dropped (the next
+        active reconciles)."""
+        controller, self.controller = self.controller, None
+        self._remote, self._reading, self._reconcile_wanted = None, None, False
+        self._takeover = None
+        self.reconciled.clear()
+        return controller
+
+    # ------------------------------------------------------------------ events (active)
+
+    async def on_remote_change(self, change: KeyChange, arrived: float | None = None) -> None:
+        """A change of the point's key; `arrived` (monotonic) when it reached the agent: a
+        reading taken since then may stand for a fresh read of the controller."""
+        value, version = change.value, change.version
+        if value is None or version is None:
+            # A delete, or a change found without its version: compare the three anew
+            # (a deleted key gets the controller's value back).
+            if change.kind == "DELETE":
+                self.log.info("%s key deleted in the store: publishing it again", self.name)
+            await self.reconcile()
+            return
+        async with self._busy:
+            await self._run_locked(
+                "remote change",
+                lambda current, rules: decisions.on_remote_change(
+                    self.status.synced, value, version, current, rules
+                ),
+                since=time.monotonic() if arrived is None else arrived,
+            )
+
+    async def poll(self) -> None:
+        """Reads the controller now (urgent) and publishes a local change."""
+        await self._run("poll", lambda current, _: decisions.on_poll(self.status.synced, current))
+
+    async def _on_reading(self, at: float, state: ControllerState) -> None:
+        async with self._busy:
+            controller = self.controller
+            if controller is None or not self._may_write():
+                return
+            written = controller.last_write_at
+            if written is not None and at < written:
+                return  # read before our last write went out: stale
+            value = state.value(self.name)
+            if value is None:
+                return
+            await self._settle(value)
+            decision = decisions.on_poll(self.status.synced, value)
+            await self._carry_out("poll", decision, value, at)
+
+    async def reconcile(self) -> None:
+        async with self._busy:
+            if self.controller is None or not self._may_write():
+                return
+            # Read inside the operation: a store value read before another operation
+            # changed it would be stale by the time it is compared.
+            try:
+                raw, version = await self.client.get(self.key)
+            except (StateStoreError, SessionError) as exc:
+                self._store_failed(exc, self.key, "read")
+                return
+            await self._run_locked(
+                "reconcile",
+                lambda current, rules: decisions.reconcile(
+                    self.status.synced, raw, version, current, rules
+                ),
+            )
+
+    async def quiesce(self, timeout: float) -> None:
+        """Waits for the operation in progress and lets no other start."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._busy.acquire()
+
+    # ------------------------------------------------------------------ carrying out
+
+    async def _run(self, what: str, decide: Decide) -> None:
+        async with self._busy:
+            await self._run_locked(what, decide)
+
+    async def _run_locked(self, what: str, decide: Decide, *, since: float | None = None) -> None:
+        """Reads the controller (or takes its newest reading, if taken after `since`),
+        decides and carries the decision out; a write goes out only if the unit still holds
+        what the decision saw, and one that finds it changed is decided again on the new
+        reading."""
+        controller = self.controller
+        if controller is None or not self._may_write():
+            return
+        started = time.monotonic() if since is None else since
+        state = controller.last_state
+        state_at = controller.last_state_at
+        if state_at is None or state_at < started:
+            state = None
+        try:
+            if state is None:
+                # The whole state in one exchange: telemetry reports it too.
+                state = await controller.read_state()
+            if controller.limits is None:
+                await controller.read_limits()
+        except ControllerFault as exc:
+            self._controller_fault(exc)
+            self.log.debug("%s: controller not readable: %s", what, exc)
+            return
+        self.status.controller = "ok"
+        for _ in range(_DECIDE_AGAIN):
+            value = state.value(self.name)
+            if value is None:
+                self.log.warning("%s: the unit's reading has no %s", what, self.name)
+                return
+            await self._settle(value)
+            decision = decide(value, self._rules(state))
+            changed = await self._carry_out(what, decision, value, started)
+            if changed is None or self.controller is None or not self._may_write():
+                return
+            self.log.info(
+                "%s: the controller's %s changed to %s before the write went out: deciding again",
+                what,
+                self.name,
+                changed.value(self.name),
+            )
+            state = changed
+
+    async def _settle(self, controller_value: PointValue) -> None:
+        """A controller that holds a write of ours still pending holds our write, not a
+        panel change: synced at that write's version from now on."""
+        base = decisions.settled(self.status.synced, self.status.pending, controller_value)
+        if base != self.status.synced and base.value is not None:
+            self.log.info(
+                "the controller holds %s %s, written by the agent (version %s): synced",
+                self.name,
+                base.value,
+                base.version,
+            )
+            await self._record(base.value, base.version)
+
+    async def _carry_out(
+        self, what: str, decision: Decision, controller_value: PointValue, read_after: float
+    ) -> ControllerState | None:
+        """Carries out `decision`; the newest reading if a write found the unit changed."""
+        if isinstance(decision, Ignore):
+            self.log.debug("%s: %s", what, decision.reason)
+        elif isinstance(decision, Reject):
+            await self._refuse(what, decision)
+        elif isinstance(decision, Record):
+            await self._record(decision.value, decision.version)
+        elif isinstance(decision, PublishToStore):
+            await self._publish(
+                decision.value, decision.reason, only_if_absent=decision.only_if_absent
+            )
+        elif isinstance(decision, ApplyToController):
+            return await self._apply(decision, controller_value, read_after)
+        return None
+
+    async def _refuse(self, what: str, decision: Reject) -> None:
+        """A value the unit cannot take: refused and recorded with why, and the key gets
+        the unit's value back, so that the store never shows a value as if it held."""
+        self.status.counters.invalid_remote_values += 1
+        shown = decision.value[:32].decode("ascii", errors="backslashreplace")
+        self.log.warning(
+            "%s: %s %r refused (%s); the store gets the unit's %s back",
+            what,
+            self.name,
+            shown,
+            decision.reason,
+            decision.restore,
+        )
+        self.record.refused = Refusal(self.name, shown, decision.version, decision.reason)
+        if decision.restore is not None:
+            await self._publish(decision.restore, f"{shown} refused: {decision.reason}")
+        else:
+            await self._write_record(self.status.synced, self.status.pending)
+
+    async def _apply(
+        self, decision: ApplyToController, controller_value: PointValue, read_after: float
+    ) -> ControllerState | None:
+        assert self.controller is not None
+        intent = Synced(decision.value, decision.version)
+        pending = decisions.still_pending((*self.status.pending, intent), self.status.synced)
+        # The write is recorded before it goes out: a write whose answer never comes, or
+        # one this instance makes just before it is cut off, is known to be the agent's.
+        if not await self._write_record(self.status.synced, pending):
+            self.log.info("write of %s held back: its pending record was not written", intent.value)
+            return None
+        self.status.pending = pending
+        await self._save_locally()
+        try:
+            readback = await self.controller.write_point(
+                self.name,
+                decision.value,
+                allowed=self._may_write,
+                expected=controller_value,
+                fresh_after=read_after,
+            )
+        except ReadingChanged as exc:
+            self._forget_pending(intent)
+            return exc.state
+        except (WriteNotAllowed, NotSent) as exc:
+            self._forget_pending(intent)  # nothing went out
+            self.log.info("write of %s not sent: %s", decision.value, exc)
+            return None
+        except ControllerFault as exc:
+            # It may have reached the controller all the same: it stays pending.
+            self._controller_fault(exc)
+            self.log.warning("could not apply %s %s: %s", self._what, decision.value, exc)
+            return None
+        self.log.info(
+            "applied remote %s %s to the controller (version %s)",
+            self._what,
+            readback,
+            decision.version,
+        )
+        await self._record(readback, decision.version)
+        if decision.correct_store or not decisions.same(readback, decision.value):
+            await self._publish(readback, "the controller keeps a rounded value")
+        return None
+
+    def _forget_pending(self, intent: Synced) -> None:
+        self.status.pending = tuple(p for p in self.status.pending if p != intent)
+
+    @property
+    def _what(self) -> str:
+        """The point as the log names it ("set point" for the set point, as always)."""
+        return "set point" if self.name == "setPoint" else self.name
+
+    async def _publish(
+        self, value: PointValue, reason: str, *, only_if_absent: bool = False
+    ) -> None:
+        if not self._may_write():
+            return
+        try:
+            result = await self.lock.fenced_set(
+                self.key,
+                points.encode(self.point, value),
+                condition=Condition.NX if only_if_absent else None,
+            )
+        except FencingTokenLowerVersion:
+            self.status.counters.fenced_writes_rejected += 1
+            self.log.warning("store refused our write of %s: a newer active wrote", value)
+            return
+        except LockNotHeld:
+            return
+        except (StateStoreError, SessionError) as exc:
+            self._store_failed(exc, self.key, "write")
+            return
+        self._store_allowed(self.key)
+        if not result.applied:
+            # Written meanwhile (a remote change to an empty store): compare anew.
+            self.log.info("%s %s not published: the store has one now", self._what, value)
+            self.reconcile_soon()
+            return
+        self.log.info(
+            "published %s %s to the store (%s, version %s)",
+            self._what,
+            value,
+            reason,
+            result.version,
+        )
+        await self._record(value, result.version)
+
+    def _store_failed(self, exc: Exception, key: str, doing: str) -> None:
+        """Counts a store error; a refusal by the broker's rules is said once per key (and
+        again only after it was allowed in between), naming the key and what it costs."""
+        if isinstance(exc, NotAuthorized):
+            self.status.counters.not_authorized += 1
+            if key not in self._refused:
+                self._refused.add(key)
+                self.log.error(
+                    "the store refuses to let this agent %s %s (not authorized by the "
+                    "broker's rules): %s",
+                    doing,
+                    key,
+                    _WHAT_A_REFUSAL_COSTS.get(doing, "this is skipped"),
+                )
+            return
+        self.status.counters.store_errors += 1
+        self.log.warning("could not %s %s: %s", doing, key, exc)
+
+    def _store_allowed(self, key: str) -> None:
+        if key in self._refused:
+            self._refused.discard(key)
+            self.log.info("the store lets this agent use %s again", key)
+
+    def _controller_fault(self, exc: ControllerFault) -> None:
+        if isinstance(exc, ControllerUnavailable):
+            self.status.controller = "unavailable"
+        elif isinstance(exc, ControllerError):
+            self.status.controller = "error"
+        self.status.counters.controller_errors += 1
+
+    async def _record(self, value: PointValue, version: Hlc | None) -> None:
+        """Both sides agree on `value` at `version`: remember it, on disk and in the store
+        (the sync record, for whoever takes over next)."""
+        synced = Synced(value, version)
+        pending = decisions.still_pending(self.status.pending, synced)
+        if (synced, pending) == (self.status.synced, self.status.pending):
+            return
+        self.status.synced, self.status.pending = synced, pending
+        self.status.synced_at = time.time()
+        await self._save_locally()
+        if version is not None:
+            await self._write_record(synced, pending)
+
+    async def _write_record(self, synced: Synced, pending: tuple[Synced, ...]) -> bool:
+        """The device's sync record in the store with this point's entry, fenced; True once
+        the store has it (or the broker's rules refuse it: nobody reads it then)."""
+        self.record.update(self.name, synced, pending)
+        written = await self.record.write()
+        if written is Written.FENCED:
+            self.status.counters.fenced_writes_rejected += 1
+            self.log.warning("store refused our sync record: a newer active wrote")
+        elif written in (Written.NOT_AUTHORIZED, Written.FAILED):
+            assert self.record.error is not None
+            self._store_failed(self.record.error, self.record.key, "write the sync record to")
+            return written is Written.NOT_AUTHORIZED
+        elif written is Written.OK:
+            self._store_allowed(self.record.key)
+        return written is Written.OK
+
+    async def _save_locally(self) -> None:
+        try:
+            await self.state_file.store(self.status.synced, self.status.pending)
+        except OSError as exc:
+            self.log.warning("could not save the synced state: %s", exc)
