@@ -1,5 +1,8 @@
 """Figures for one agent serving a whole line, each beside its bound measured in the same run.
 
+(Transactions and the poll cycle beside their line time, for both protocols and every kind
+of port: bench_line_speed; the write path beside its floor and a peer: bench_write_path.)
+
     python -m tests.bench.bench_line [--units 1,8,32,128] [--bauds 9600,19200] [--changes N]
 
 The fake line (agent.simulator.line) runs in this process with line-time emulation
@@ -38,7 +41,6 @@ import queue
 import random
 import re
 import signal
-import socket
 import statistics
 import tempfile
 import time
@@ -51,6 +53,7 @@ from agent.controller import line_protocol as lp
 from agent.controller.line_driver import POLL_REPLY_BYTES, POLL_REQUEST_BYTES
 from agent.controller.timing import LineTiming, cycle_s
 from tests.bench.footprint import cpu_seconds, rss_kb
+from tests.bench.line_cells import ms, nodelay, quantile, store_round_trips
 from tests.support.rig import ACTIVE, STANDBY, LineRig
 
 CPU_TARGET_N32 = 0.02
@@ -65,15 +68,6 @@ class Row:
     measured: str
     bound: str
     met: bool | None
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms"
 
 
 class BenchRig(LineRig):
@@ -98,22 +92,6 @@ class BenchRig(LineRig):
             "AGENT_TELEMETRY__INTERVAL_S": "10",
             "AGENT_LOG_LEVEL": "INFO",
         }
-
-
-def nodelay(rig: LineRig) -> None:
-    sock = rig.client.client.socket()
-    assert isinstance(sock, socket.socket)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def round_trips(rig: LineRig, count: int) -> list[float]:
-    times = []
-    rig.client.request("GET", "t01\\setPoint")
-    for _ in range(count):
-        started = time.monotonic()
-        rig.client.request("GET", "t01\\setPoint")
-        times.append(time.monotonic() - started)
-    return times
 
 
 def measured_cycles(rig: LineRig, address: int, since: float) -> list[float]:
@@ -228,10 +206,10 @@ def bench_line(directory: Path, units: int, baud: int, changes: int) -> list[Row
         timing = LineTiming(baud, 10, turnaround_s=0.0)
         bound_cycle = cycle_s(timing, units, POLL_REQUEST_BYTES, POLL_REPLY_BYTES)
         cycle = statistics.median(cycles)
-        rtts = round_trips(rig, 50)
+        rtts = store_round_trips(rig, 50)
         remote = remote_latencies(rig, notes, changes, skip=set())
         panel = panel_latencies(rig, notes, max(10, changes // 2))
-        rtts += round_trips(rig, 50)
+        rtts += store_round_trips(rig, 50)
     finally:
         rig.close()
     label = f"N={units:>3} {baud:>5} Bd"
