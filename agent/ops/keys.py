@@ -64,17 +64,23 @@ async def find(client: StateStoreClient, device: str, keys: KeySettings) -> Devi
 
 
 async def fenced_set(
-    client: StateStoreClient, keys: DeviceKeys, value: bytes, *, attempts: int = 3
+    client: StateStoreClient,
+    keys: DeviceKeys,
+    value: bytes,
+    *,
+    attempts: int = 3,
+    key: str | None = None,
 ) -> tuple[SetResult, Hlc]:
-    """SET the set point, fenced with the lock's current version; returns the result and
-    the token used. The active writes with a newer token after each renewal, so a refusal
-    for a lower version is tried again with the lock's version read anew."""
+    """SET the set point (or `key`, another point's), fenced with the lock's current
+    version; returns the result and the token used. The active writes with a newer token
+    after each renewal, so a refusal for a lower version is tried again with the lock's
+    version read anew."""
     for attempt in range(attempts):
         holder, token = await client.get(keys.lock)
         if holder is None or token is None:
             raise NoActive(f"nobody holds {keys.lock}: no active agent on line {keys.line}")
         try:
-            return await client.set(keys.setpoint, value, fencing_token=token), token
+            return await client.set(key or keys.setpoint, value, fencing_token=token), token
         except FencingTokenLowerVersion:
             if attempt == attempts - 1:
                 raise

@@ -1,10 +1,15 @@
-"""`agent setpoint`: a device's set point, read or written knowing only the device.
+"""`agent setpoint`: a device's set point (or another of its points), read or written
+knowing only the device.
 
-`agent setpoint set floor3-t07 22.5` finds the device's line (`<device>\\line`), fences the
-write with the line's lock (`<line>\\lock`), and with `--wait` waits until the active has
-applied it (its sync record shows the write's version). Connection settings as for
-`agent store`. Exit codes: 0 done, 1 no agent serves the device (or nobody is active),
-2 usage, 3 service error (refused), 4 connection failure or timeout.
+`agent setpoint set floor3-t07 22.5` finds the device's line (`<device>\\line`), checks the
+value against the unit's limits when the active has published them (in the device's sync
+record), fences the write with the line's lock (`<line>\\lock`), and with `--wait` waits
+until the active has applied it (its sync record shows the write's version) or refused it
+(the record says why). `--point mode` (or heatSetPoint, coolSetPoint, fan, occupied) writes
+another point of a unit with a profile. Connection settings as for `agent store`. Exit codes:
+0 done, 1 no agent serves the device (or nobody is active), 2 usage, 3 service error,
+4 connection failure or timeout, 5 refused: the unit cannot take the value (its limits, its
+choices, the deadband between heating and cooling), said with why.
 """
 
 from __future__ import annotations
@@ -23,38 +28,53 @@ from agent.client.cli import (
     run_one_shot,
 )
 from agent.client.statestore import KeyChange, StateStoreClient
-from agent.ops.keys import KeyTemplates, NoActive, NoLine, fenced_set, find
-from agent.sync.decisions import InvalidRemoteValue, parse_setpoint
-from agent.sync.record import InvalidRecord, parse_record
+from agent.controller import points
+from agent.controller.points import WRITABLE, InvalidValue
+from agent.ops.keys import DeviceKeys, KeyTemplates, NoActive, NoLine, fenced_set, find
+from agent.protocol.hlc import Hlc
+from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
 
 NAME = "agent setpoint"
+EXIT_REFUSED = 5
 
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "setpoint",
-        help="read or write a device's set point, knowing only the device",
+        help="read or write a device's set point (or another point), knowing only the device",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     connection_options(parser)
     shared = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
     connection_options(shared, defaults=False)
+    point = argparse.ArgumentParser(add_help=False)
+    point.add_argument(
+        "--point",
+        default="setPoint",
+        choices=WRITABLE,
+        help="which point (default setPoint; the others need a unit with a profile)",
+    )
     commands = parser.add_subparsers(dest="setpoint_command", metavar="COMMAND", required=True)
-    get = commands.add_parser("get", parents=[shared], help="print the set point in the store")
+    get = commands.add_parser("get", parents=[shared, point], help="print the value in the store")
     get.add_argument("device")
     get.set_defaults(setpoint_func=_get)
     set_ = commands.add_parser(
-        "set", parents=[shared], help="write the set point, fenced with the line's lock"
+        "set", parents=[shared, point], help="write the value, fenced with the line's lock"
     )
     set_.add_argument("device")
-    set_.add_argument("value", help="degrees Celsius, a decimal number such as 22.5")
+    set_.add_argument(
+        "value",
+        help="a set point in degrees Celsius (22.5); a mode (off, heat, cool, auto, fan); a "
+        "fan speed (auto, on, low, medium, high); occupied: true or false",
+    )
     set_.add_argument(
         "--wait",
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="wait until the active agent has applied it (exit 4 if not within SECONDS)",
+        help="wait until the active agent has applied it (exit 4 if not within SECONDS, "
+        "5 if the unit refused it)",
     )
     set_.set_defaults(setpoint_func=_set)
     parser.set_defaults(func=run)
@@ -64,12 +84,20 @@ def run(args: argparse.Namespace) -> int:
     def check() -> None:
         if args.setpoint_command == "set":
             try:
-                parse_setpoint(args.value.encode())
-            except InvalidRemoteValue as exc:
+                points.parse(points.point(args.point), args.value.encode())
+            except InvalidValue as exc:
                 raise UsageError(str(exc)) from None
 
     keys = KeyTemplates().keys
     return run_one_shot(args, NAME, lambda c: args.setpoint_func(c, args, keys), check)
+
+
+def _key(found: DeviceKeys, point: str, keys: Any) -> str:
+    return (
+        found.setpoint
+        if point == "setPoint"
+        else keys.of_point(point, device=found.device, line=found.line)
+    )
 
 
 async def _get(client: StateStoreClient, args: argparse.Namespace, keys: Any) -> int:
@@ -78,11 +106,21 @@ async def _get(client: StateStoreClient, args: argparse.Namespace, keys: Any) ->
     except NoLine as exc:
         print(f"{NAME}: {exc}", file=sys.stderr)
         return EXIT_NOT_APPLIED
-    value, _ = await client.get(found.setpoint)
+    value, _ = await client.get(_key(found, args.point, keys))
     if value is None:
         return EXIT_NOT_APPLIED
     print(value.decode(errors="backslashreplace"))
     return EXIT_OK
+
+
+async def _record(client: StateStoreClient, found: DeviceKeys) -> SyncRecord | None:
+    raw, _ = await client.get(found.synced)
+    if raw is None:
+        return None
+    try:
+        return parse_full_record(raw)
+    except InvalidRecord:
+        return None
 
 
 async def _set(client: StateStoreClient, args: argparse.Namespace, keys: Any) -> int:
@@ -91,37 +129,59 @@ async def _set(client: StateStoreClient, args: argparse.Namespace, keys: Any) ->
     except NoLine as exc:
         print(f"{NAME}: {exc}", file=sys.stderr)
         return EXIT_NOT_APPLIED
-    applied = asyncio.Event()
-    wanted: list[Any] = []
+    point = points.point(args.point)
+    value = points.parse(point, args.value.encode())
+    known = await _record(client, found)
+    limits = None if known is None else known.limits.get(point.name)
+    if limits is not None or point.kind is not points.Kind.NUMBER:
+        try:
+            points.validate(point, value, limits)
+        except InvalidValue as exc:
+            # The active published the unit's limits: no need to try what it would refuse.
+            print(f"{NAME}: refused: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
+    outcome: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    wanted: list[Hlc] = []
 
     def on_record(change: KeyChange) -> None:
-        if change.value is None or not wanted:
+        if change.value is None or not wanted or outcome.done():
             return
         try:
-            record = parse_record(change.value)
+            record = parse_full_record(change.value)
         except InvalidRecord:
             return
-        if record.version is not None and record.version >= wanted[0]:
-            applied.set()
+        refused = record.refused
+        if refused is not None and refused.point == point.name and refused.version == wanted[0]:
+            outcome.set_result(refused.reason)
+            return
+        entry = record.point(point.name)
+        version = None if entry is None else entry.synced.version
+        if version is not None and version >= wanted[0]:
+            outcome.set_result(None)
 
+    key = _key(found, point.name, keys)
     if args.wait > 0:
         await client.observe(found.synced, on_record)
     try:
-        result, _ = await fenced_set(client, found, args.value.encode())
+        result, _ = await fenced_set(client, found, points.encode(point, value), key=key)
     except NoActive as exc:
         print(f"{NAME}: {exc}", file=sys.stderr)
         return EXIT_NOT_APPLIED
     print(result.version)
     if args.wait <= 0:
         return EXIT_OK
+    assert result.version is not None
     wanted.append(result.version)
-    record, _ = await client.get(found.synced)
-    if record is not None:
-        on_record(KeyChange(found.synced.encode(), "SET", record, None))
+    raw, _ = await client.get(found.synced)
+    if raw is not None:
+        on_record(KeyChange(found.synced.encode(), "SET", raw, None))
     try:
         async with asyncio.timeout(args.wait):
-            await applied.wait()
+            reason = await outcome
     except TimeoutError:
         print(f"{NAME}: not applied within {args.wait:g} s", file=sys.stderr)
         return EXIT_CONNECTION
+    if reason is not None:
+        print(f"{NAME}: refused: {reason}", file=sys.stderr)
+        return EXIT_REFUSED
     return EXIT_OK

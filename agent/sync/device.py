@@ -108,6 +108,13 @@ class DeviceSync:
     def start(self) -> None:
         for point in self.points.values():
             point.start()
+        self._spawn(self._record_once_reconciled())
+
+    async def _record_once_reconciled(self) -> None:
+        """The record written once after a takeover, whatever changed: it carries the
+        unit's limits, which operators' tools check a value against before writing it."""
+        await self.wait_reconciled()
+        await self.record.write()
 
     async def stop(self) -> None:
         for task in list(self._tasks):

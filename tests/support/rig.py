@@ -189,13 +189,20 @@ class Rig:
 
     def wait_store_value(self, value: bytes, timeout: float = 10.0) -> None:
         """Waits for the set point key to hold `value`, on its notifications."""
-        self.client.request("KEYNOTIFY", SETPOINT_KEY)
+        self.wait_key(SETPOINT_KEY, lambda held: held == value, timeout)
+
+    def wait_key(
+        self, key: str, predicate: Callable[[bytes | None], bool], timeout: float = 10.0
+    ) -> bytes | None:
+        """Waits for `key` to hold a value `predicate` likes, on its notifications."""
+        self.client.request("KEYNOTIFY", key)
         deadline = time.monotonic() + timeout
-        while self.store_value() != value:
+        while not predicate(held := self.store_value(key)):
             remaining = deadline - time.monotonic()
-            assert remaining > 0, f"the store never held {value!r}"
+            assert remaining > 0, f"{key} never held what was waited for (last {held!r})"
             with contextlib.suppress(queue.Empty):
                 self.client.notifications.get(timeout=remaining)
+        return held
 
     def lock_holder(self) -> bytes | None:
         """The instance id of the lock's holder (its value is the instance id and a nonce
