@@ -112,6 +112,8 @@ class DeviceRow:
     availability: str | None
     errors: dict[str, int]
     problem: str | None
+    refused: str | None = None
+    """The last remote value the unit could not take, and why."""
 
 
 @dataclass
@@ -199,7 +201,14 @@ def _device_row(device: str, snapshot: DeviceSnapshot, holder: str | None, now: 
         problem = "paused" if status.get("controller") == "paused" else "not answering"
     elif not in_sync:
         problem = "not in sync"
+    refused = status.get("refused")
+    refusal = (
+        f"{refused.get('point')} {refused.get('value')} refused: {refused.get('reason')}"
+        if isinstance(refused, dict)
+        else None
+    )
     return DeviceRow(
+        refused=refusal,
         device=device,
         store=store,
         controller=_number(status.get("setpoint")),
@@ -335,6 +344,7 @@ def render(report: Report) -> str:
         headers = ["Device", "Store", "Controller", "Temp", "In sync", "Last sync",
                    "Availability", "Errors"]  # fmt: skip
         out += table(f"Devices of {report.line}", headers, rows)
+        out += [f" {d.device}: {d.refused}" for d in report.devices if d.refused is not None]
     if report.paused is not None:
         out.append(f" Paused: {report.paused.describe()}")
     if report.switchover is not None:

@@ -611,8 +611,15 @@ class Agent:
         devices = {}
         for name, sync in self.devices.items():
             synced = sync.status.synced
+            refused = sync.record.refused
             devices[name] = DeviceView(
-                self.snapshot(name), sync.controller is not None, synced.value, synced.version
+                self.snapshot(name),
+                sync.controller is not None,
+                synced.value,
+                synced.version,
+                None
+                if refused is None
+                else {"point": refused.point, "value": refused.value, "reason": refused.reason},
             )
         return InstanceView(
             role=self.role,

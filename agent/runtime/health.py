@@ -194,8 +194,10 @@ class DeviceView:
     """Its telemetry: the controller's values as last read (active only), last sync."""
     held: bool
     """The active holds its controller (its place on the bus)."""
-    synced_value: float | None
+    synced_value: float | str | bool | None
     synced_version: Hlc | None
+    refused: dict[str, str] | None = None
+    """The last remote value the unit could not take: point, value, reason."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +282,7 @@ class Health:
         value, version = self._store.get(device.snapshot.device, (None, None))
         synced_value, synced_version = device.synced_value, device.synced_version
         if (
-            synced_value is not None
+            isinstance(synced_value, float)
             and synced_version is not None
             and (version is None or synced_version > version)
         ):
@@ -419,6 +421,9 @@ class Health:
             "last_sync": snapshot.last_sync_time,
             "last_sync_version": snapshot.last_sync_version,
             "errors": snapshot.errors,
+            "points": snapshot.points,
+            "slow_ms": snapshot.slow_ms,
+            "refused": seen.refused,
         }
         return document, ONLINE if available else OFFLINE
 
@@ -472,7 +477,7 @@ class Health:
             session, topic, availability, content_type="text/plain"
         ):
             self._last_availability[device] = availability
-        key = _changed(document, ("time", "temperature"))
+        key = _changed(document, ("time", "temperature", "points"))
         last = self._last_device.get(device)
         # A device going offline or paused is said at once; its values at most once a
         # second; all of it every interval.

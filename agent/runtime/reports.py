@@ -52,6 +52,7 @@ def device_snapshot(
             "lock_losses": lock_losses,
         },
         slow_ms=None if slow is None else round(slow * 1000, 1),
+        points=dict(state.points) if state is not None and state.points else None,
     )
 
 

@@ -33,6 +33,8 @@ class Snapshot:
     errors: dict[str, int]
     slow_ms: float | None = None
     """How long its transactions take, when the unit is slow (polled less often)."""
+    points: dict[str, float | str | bool] | None = None
+    """The unit's other points as last read (a unit with a profile)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ FIELDS = {
     "last_sync_version",
     "errors",
     "slow_ms",
+    "points",
 }
 READINGS = ("setpoint", "temperature", "output", "mode", "controller", "fencing_token")
 CLOUDEVENTS = ("specversion", "type", "source", "id", "time")
