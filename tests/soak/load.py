@@ -6,7 +6,7 @@ faults.
   just before, as `agent setpoint` does; a write refused for "a lower version" is tried
   once more with the lock read again).
 - Panel changes at random units, `panel_per_unit_s` a second for every unit, each to
-  another value than the unit holds.
+  another value than the unit holds and than the agent last synced for it.
 - Panel changes during a write wait: after a remote change, now and then, a panel change of
   the same unit within its least write interval.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import json
 import random
 import threading
 import time
@@ -110,24 +111,33 @@ class Load:
 
     # ------------------------------------------------------------------ changes
 
-    def value(self, slot: int, besides: float | None = None) -> float:
-        """A value for a change of `slot`: none of its last few, and not `besides`."""
+    def value(self, slot: int, besides: tuple[float | None, ...] = ()) -> float:
+        """A value for a change of `slot`: none of its last few, and none of `besides`."""
         recent = self.recent[slot]
-        value = self.rng.choice([v for v in VALUES if v not in recent and v != besides])
+        value = self.rng.choice([v for v in VALUES if v not in recent and v not in besides])
         recent.append(value)
         del recent[:-8]
         return value
 
     def panel(self, slot: int, kind: str) -> None:
-        """Turns the knob of `slot` to another value than it holds (a knob turned to the
-        value the unit holds changes nothing, and no one can tell it happened)."""
+        """Turns the knob of `slot` to another value than it holds, and than the value the
+        agent last synced for it: a knob turned to the value the unit holds changes nothing,
+        and one turned back to the last synced value cannot be told from no change by
+        anyone who did not see the values in between (README, "A failover")."""
         unit = self.world.unit_at(slot)
+        world = self.world
+        record = f"{device_id(slot)}\\synced".encode()
 
         def turn() -> None:
-            unit.panel_setpoint(self.value(slot, besides=unit.setpoint))
+            synced = None
+            if world.store_up:
+                entry = world.store.store.entry(record)
+                with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
+                    synced = float(json.loads(entry.value)["value"])  # type: ignore[union-attr]
+            unit.panel_setpoint(self.value(slot, besides=(unit.setpoint, synced)))
 
         try:
-            self.world.background.call(turn)
+            world.background.call(turn)
         except Exception:
             self.made[f"{kind}_failed"] += 1
             return
