@@ -144,6 +144,11 @@ class Driver(ABC):
     def poll_frame(self) -> tuple[int, int]:
         """Bytes of a routine poll's request and reply (for the cycle's line time)."""
 
+    def poll_frames(self, unit: Unit) -> list[tuple[int, int]]:
+        """Bytes of each request and reply that reads `unit` once (a unit with a profile
+        may take more than the routine poll): for the cycle's line time."""
+        return [self.poll_frame]
+
     def transaction_s(self, request: int, longest_reply: int) -> float:
         """The longest a transaction can take from its gate to its end: the bounded write,
         the request's line time, then the reply timeout (counted from the request's end)

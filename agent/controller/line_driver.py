@@ -4,6 +4,10 @@ Any pyserial URL works: a device path (/dev/ttyUSB0, /dev/serial/by-id/...), ope
 exclusively; socket://host:port and rfc2217://host:port for serial device servers. On a
 multi-drop line each unit has an address and every request carries its `@<n> ` prefix;
 a point-to-point controller (no address) gets plain requests.
+
+A unit with a profile (its `line` map, agent.controller.line_profile) is read whole with
+`GET POINTS` and written point by point with `SET <name> <value>`, whose `OK <name> <value>`
+is the read-back; one without is read with `GET STATE`, as always.
 """
 
 from __future__ import annotations
@@ -22,8 +26,11 @@ from agent.controller.interface import (
     ControllerUnavailable,
     DeviceIdentity,
     Limits,
+    PointValue,
     SetpointRejected,
 )
+from agent.controller.line_profile import LineProfile
+from agent.controller.points import InvalidValue
 from agent.controller.port import SerialPort
 
 log = logging.getLogger(__name__)
@@ -110,8 +117,23 @@ class LineDriver(Driver):
 
     # --- transactions -----------------------------------------------------------------
 
+    def poll_frames(self, unit: Unit) -> list[tuple[int, int]]:
+        points = _line_map(unit)
+        return [self.poll_frame if points is None else points.poll_frame()]
+
     def read_state(self, unit: Unit, gate: Gate = open_gate) -> ControllerState:
-        return self._transact(unit, lp.GetState(), lp.StateReply, gate).state
+        points = _line_map(unit)
+        if points is None:
+            return self._transact(unit, lp.GetState(), lp.StateReply, gate).state
+        reply = self._transact(unit, lp.GetPoints(), lp.PointsReply, gate)
+        try:
+            values = points.decode_all(reply.fields)
+        except InvalidValue as exc:
+            self.stats.corrupt_replies += 1
+            raise ControllerError(f"{unit.name}: nonsense reply to GET POINTS: {exc}") from exc
+        setpoint, temperature = values.pop("setPoint"), values["temperature"]
+        assert isinstance(setpoint, float) and isinstance(temperature, float)
+        return ControllerState(setpoint, temperature, None, None, values)
 
     def read_limits(self, unit: Unit, gate: Gate = open_gate) -> Limits:
         return self._transact(unit, lp.GetLimits(), lp.LimitsReply, gate).limits
@@ -123,11 +145,42 @@ class LineDriver(Driver):
         # `OK SP <value>` is the value as the controller stored it: its read-back.
         return self._transact(unit, lp.SetSetpoint(value), lp.SetpointStored, gate).value
 
+    def write_point(
+        self, unit: Unit, point: str, value: PointValue, gate: Gate = open_gate
+    ) -> PointValue:
+        """`SET <name> <value>` (the set point: SET SP); its `OK <name> <value>` is the
+        read-back. InvalidValue, before a byte goes out, for a value the map has no text
+        for."""
+        points = _line_map(unit)
+        if point == "setPoint" or points is None or point not in points.points:
+            return super().write_point(unit, point, value, gate)
+        name = points.name(point)
+        if name not in points.writable_names:
+            raise ControllerError(f"{unit.name}: {point} is read only")
+        request = lp.SetValue(name, points.encode(point, value))
+        reply = self._transact(unit, request, lp.ValueStored, gate, point)
+        try:
+            if reply.name != name:
+                raise InvalidValue(f"the reply is for {reply.name}")
+            return points.decode(point, reply.value)
+        except InvalidValue as exc:
+            self.stats.corrupt_replies += 1
+            raise ControllerError(
+                f"{unit.name}: nonsense reply to {lp.format_request(request)!r}: {exc}"
+            ) from exc
+
     def identify(self, unit: Unit, gate: Gate = open_gate) -> DeviceIdentity:
         reply = self._transact(unit, lp.Identify(), lp.IdReply, gate)
         return DeviceIdentity(reply.model, reply.firmware, reply.serial)
 
-    def _transact(self, unit: Unit, request: lp.Request, expected: type[R], gate: Gate) -> R:
+    def _transact(
+        self,
+        unit: Unit,
+        request: lp.Request,
+        expected: type[R],
+        gate: Gate,
+        point: str = "setPoint",
+    ) -> R:
         """Send one request to `unit` and return its reply, of the expected type."""
         what = lp.with_address(unit.address, lp.format_request(request))
         line = lp.encode_line(what)
@@ -160,9 +213,10 @@ class LineDriver(Driver):
             self.stats.corrupt_replies += 1
             raise ControllerError(f"nonsense reply to {what!r}: {exc}") from exc
         if isinstance(reply, lp.ErrorReply):
-            refused = isinstance(request, lp.SetSetpoint) and reply.code == "RANGE"
-            error = SetpointRejected if refused else ControllerError
-            raise error(f"controller refused {what!r}: {reply}")
+            why = _refusal(request, reply, point)
+            if why is not None:
+                raise SetpointRejected(f"controller refused {what!r}: {reply} ({why})")
+            raise ControllerError(f"controller refused {what!r}: {reply}")
         if not isinstance(reply, expected):
             raise ControllerError(f"unexpected reply to {what!r}: {reply}")
         return reply
@@ -212,3 +266,45 @@ class LineDriver(Driver):
                     log.debug("discarded a reply from address %s", address)
                     continue
                 return payload
+
+
+def _line_map(unit: Unit) -> LineProfile | None:
+    """The unit's points on the line, when it has a profile (None: the set point alone)."""
+    return None if unit.profile is None else unit.profile.line
+
+
+_REFUSALS = frozenset({"RANGE", "DEADBAND", "VALUE"})
+
+
+def _refusal(request: lp.Request, reply: lp.ErrorReply, point: str) -> str | None:
+    """Why the unit refused a value, as a person reads it; None for an error that is no
+    refusal of the value (a syntax error, an unknown command)."""
+    if isinstance(request, lp.SetSetpoint):
+        shown = lp.format_number(request.value)
+    elif isinstance(request, lp.SetValue):
+        shown = request.value
+    else:
+        return None
+    if reply.code not in _REFUSALS or (
+        isinstance(request, lp.SetSetpoint) and reply.code != "RANGE"
+    ):
+        return None
+    match reply.code, reply.args:
+        case "RANGE", (low, high):
+            try:
+                value, lowest, highest = (lp.parse_number(t) for t in (shown, low, high))
+            except ValueError:
+                return f"{point} {shown} is outside the unit's limits {low}..{high}"
+            if value > highest:
+                return f"{value:g} is above the limit {highest:g}"
+            if value < lowest:
+                return f"{value:g} is below the limit {lowest:g}"
+            return f"{point} {shown} is outside the unit's limits {low}..{high}"
+        case "DEADBAND", (deadband, *_):
+            return (
+                f"{point} {shown}: the unit keeps its cooling set point at least {deadband} "
+                "above its heating set point"
+            )
+        case "VALUE", _:
+            return f"the unit does not take {point} {shown}"
+    return f"the unit refused {point} {shown}"

@@ -5,6 +5,11 @@ Requests and replies are built and checked by `modbus_rtu` (pure); the register 
 costs its line time: the request, the unit's turnaround, the reply, and the silent
 interval the bus keeps after it. No retries: a unit that does not answer costs one reply
 timeout. A write is read back (the echo of a write is no read-back).
+
+A unit with a profile (its `modbus` map, agent.controller.modbus_profile) is read whole in
+as few requests as its registers allow (one, when they are close and of one function), and
+written point by point with the point's own write function, then read back; its register
+map (`options`) gives only its unit id. One without reads the register map, as always.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from agent.controller.interface import (
     ControllerError,
     ControllerState,
     ControllerUnavailable,
+    InvalidSetpoint,
     Limits,
+    PointValue,
     SetpointRejected,
 )
 from agent.controller.modbus_map import (
@@ -33,6 +40,8 @@ from agent.controller.modbus_map import (
     RegisterMap,
     plan_reads,
 )
+from agent.controller.modbus_profile import ModbusProfile
+from agent.controller.points import InvalidValue
 from agent.controller.port import SerialPort
 
 __all__ = [
@@ -162,11 +171,18 @@ class ModbusDriver(Driver):
         self.stats.per_unit_timeouts[unit.name] = self.stats.per_unit_timeouts.get(unit.name, 0) + 1
 
     def _read_registers(
-        self, unit: Unit, wanted: list[tuple[int, int]], gate: Gate
+        self,
+        unit: Unit,
+        wanted: list[tuple[int, int]],
+        gate: Gate,
+        reads: list[tuple[int, int, int]] | None = None,
     ) -> dict[tuple[int, int], int]:
+        """The registers wanted, by (function, register): read as `reads` (function, first,
+        count) plan it, or joined as plan_reads does."""
         values: dict[tuple[int, int], int] = {}
         unit_id = self.register_map(unit).unit_id
-        for index, (function, first, count) in enumerate(plan_reads(wanted)):
+        plan = plan_reads(wanted) if reads is None else reads
+        for index, (function, first, count) in enumerate(plan):
             if index:
                 self._silent_interval()
             what = f"read of {count} register(s) at {first} (function {function})"
@@ -184,7 +200,14 @@ class ModbusDriver(Driver):
         Event's timed wait: a sleep's absolute deadline is what libfaketime breaks.)"""
         threading.Event().wait(self.timing.silent_s)
 
+    def poll_frames(self, unit: Unit) -> list[tuple[int, int]]:
+        points = _modbus_map(unit)
+        return [self.poll_frame] if points is None else points.poll_frames()
+
     def read_state(self, unit: Unit, gate: Gate = open_gate) -> ControllerState:
+        points = _modbus_map(unit)
+        if points is not None:
+            return self._read_points(unit, points, gate)
         m = self.register_map(unit)
         wanted = [
             (m.read_function, m.setpoint_register),
@@ -210,7 +233,22 @@ class ModbusDriver(Driver):
             mode=mode,
         )
 
+    def _read_points(self, unit: Unit, points: ModbusProfile, gate: Gate) -> ControllerState:
+        wanted = [(spec.read_function, spec.register) for spec in points.points.values()]
+        registers = self._read_registers(unit, wanted, gate, points.reads())
+        try:
+            values = points.decode_all(registers)
+        except InvalidValue as exc:
+            raise ControllerError(f"{unit.name}: {exc}") from exc
+        setpoint, temperature = values.pop("setPoint"), values["temperature"]
+        assert isinstance(setpoint, float) and isinstance(temperature, float)
+        return ControllerState(setpoint, temperature, None, None, values)
+
     def read_limits(self, unit: Unit, gate: Gate = open_gate) -> Limits:
+        if unit.profile is not None and unit.profile.modbus is not None:
+            limits = unit.profile.limits("setPoint")
+            assert limits is not None  # a profile's checks say so
+            return limits
         m = self.register_map(unit)
         if m.limits is not None:
             return m.limits
@@ -225,12 +263,23 @@ class ModbusDriver(Driver):
             raise ControllerError(f"nonsense limits: {exc}") from exc
 
     def read_setpoint(self, unit: Unit, gate: Gate = open_gate) -> float:
+        if _modbus_map(unit) is not None:
+            value = self._read_point(unit, "setPoint", gate)
+            assert isinstance(value, float)
+            return value
         m = self.register_map(unit)
         values = self._read_registers(unit, [(m.read_function, m.setpoint_register)], gate)
         return m.decode(values[(m.read_function, m.setpoint_register)])
 
     def write_setpoint(self, unit: Unit, value: float, gate: Gate = open_gate) -> float:
         """Write, then read the register back (the write's echo is no read-back)."""
+        if _modbus_map(unit) is not None:
+            try:
+                stored = self.write_point(unit, "setPoint", value, gate)
+            except InvalidValue as exc:
+                raise InvalidSetpoint(value, str(exc)) from exc
+            assert isinstance(stored, float)
+            return stored
         m = self.register_map(unit)
         raw = m.encode(value)
         what = f"write of {value} to register {m.setpoint_register}"
@@ -243,3 +292,48 @@ class ModbusDriver(Driver):
             raise
         self._silent_interval()
         return self.read_setpoint(unit, gate)
+
+    def write_point(
+        self, unit: Unit, point: str, value: PointValue, gate: Gate = open_gate
+    ) -> PointValue:
+        """Write one point with its own write function, then read its register back.
+        InvalidValue, before a byte goes out, for a value its register cannot hold."""
+        points = _modbus_map(unit)
+        if points is None or point not in points.points:
+            return super().write_point(unit, point, value, gate)
+        spec = points.point(point)
+        if spec.write_function is None:
+            raise ControllerError(f"{unit.name}: {point} is read only")
+        raw = points.encode(point, value)
+        shown = str(value).lower() if isinstance(value, bool) else f"{value}"
+        what = f"write of {point} {shown} to register {spec.register}"
+        unit_id = self.register_map(unit).unit_id
+        request = rtu.write_request(unit_id, spec.write_function, spec.register, raw)
+        try:
+            self._exchange(unit, what, request, gate)
+        except ModbusRefused as exc:
+            if exc.exception_code == ILLEGAL_DATA_VALUE:
+                raise SetpointRejected(
+                    f"{exc}: the unit does not take {point} {shown} (out of its limits, not "
+                    "a value it has, or against its deadband)"
+                ) from exc
+            raise
+        self._silent_interval()
+        return self._read_point(unit, point, gate)
+
+    def _read_point(self, unit: Unit, point: str, gate: Gate) -> PointValue:
+        points = _modbus_map(unit)
+        assert points is not None
+        spec = points.point(point)
+        key = (spec.read_function, spec.register)
+        registers = self._read_registers(unit, [key], gate, [(*key, 1)])
+        try:
+            return points.decode(point, registers[key])
+        except InvalidValue as exc:
+            raise ControllerError(f"{unit.name}: {exc}") from exc
+
+
+def _modbus_map(unit: Unit) -> ModbusProfile | None:
+    """The unit's points in its registers, when it has a profile (None: the register map's
+    set point alone)."""
+    return None if unit.profile is None else unit.profile.modbus

@@ -7,22 +7,31 @@ None: the protocol cannot write it), and how its value sits in the register: a n
 round(v * scale), a 16-bit two's complement integer if signed; a choice (`mode`, `fan`) or a
 switch (`occupied`) as the register value its map gives each of its values.
 
-The points are read together: registers of one read function that lie within MAX_SPAN of
-each other in one request (`reads`), so a unit whose points are close costs one poll.
+The points are read together: registers of one read function that follow each other, within
+MAX_SPAN of the first, in one request (`reads`), so a unit whose points are close costs one
+poll. A read spans registers no point has only where the profile allows (`max_gap`): many
+units refuse a read of a register they do not have (exception 2, an illegal data address).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
 from agent.controller.interface import PointValue
-from agent.controller.modbus_map import MAX_SPAN, plan_reads
+from agent.controller.modbus_map import MAX_SPAN
 from agent.controller.modbus_rtu import READ_HOLDING, READ_INPUT, WRITE_MULTIPLE, WRITE_SINGLE
 from agent.controller.points import POINTS, InvalidValue, Kind
 
-__all__ = ["MAX_SPAN", "ModbusPoint", "ModbusProfile", "read_reply_bytes", "read_request_bytes"]
+__all__ = [
+    "MAX_SPAN",
+    "ModbusPoint",
+    "ModbusProfile",
+    "plan_reads",
+    "read_reply_bytes",
+    "read_request_bytes",
+]
 
 SWITCH_VALUES: Mapping[PointValue, int] = {True: 1, False: 0}
 """A switch's register values when its map says nothing: 1 on, 0 off."""
@@ -77,9 +86,14 @@ class ModbusProfile:
     writes without a write function (or a read-only one with one)."""
 
     points: Mapping[str, ModbusPoint]
+    max_gap: int = 0
+    """The most registers that no point has a read may span between two that one has (0:
+    a read of consecutive registers only)."""
     _to_value: dict[str, dict[int, PointValue]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_gap, bool) or not 0 <= self.max_gap < MAX_SPAN:
+            raise ValueError(f"max_gap {self.max_gap} is not 0..{MAX_SPAN - 1}")
         to_value: dict[str, dict[int, PointValue]] = {}
         slots: dict[tuple[str, int], str] = {}
         for name, spec in self.points.items():
@@ -118,7 +132,9 @@ class ModbusProfile:
     def reads(self) -> list[tuple[int, int, int]]:
         """The reads (function, first register, count) that fetch every point: one where
         the registers allow."""
-        return plan_reads((spec.read_function, spec.register) for spec in self.points.values())
+        return plan_reads(
+            ((spec.read_function, spec.register) for spec in self.points.values()), self.max_gap
+        )
 
     def poll_frames(self) -> list[tuple[int, int]]:
         """Bytes of each read's request and reply."""
@@ -186,6 +202,26 @@ def _values(name: str, spec: ModbusPoint) -> Mapping[PointValue, int]:
     if known.kind is Kind.SWITCH and set(values) != {True, False}:
         raise ValueError(f"point {name}: give the register values of both true and false")
     return values
+
+
+def plan_reads(
+    registers: Iterable[tuple[int, int]], max_gap: int = 0
+) -> list[tuple[int, int, int]]:
+    """Group (function, register) pairs into reads (function, first, count): registers of one
+    function at most `max_gap` apart (registers between them that are not wanted), within
+    MAX_SPAN of the read's first."""
+    pairs = set(registers)
+    reads: list[tuple[int, int, int]] = []
+    for function in sorted({f for f, _ in pairs}):
+        wanted = sorted(r for f, r in pairs if f == function)
+        start = previous = wanted[0]
+        for register in wanted[1:]:
+            if register - previous - 1 > max_gap or register - start >= MAX_SPAN:
+                reads.append((function, start, previous - start + 1))
+                start = register
+            previous = register
+        reads.append((function, start, previous - start + 1))
+    return reads
 
 
 def encode_number(value: float, scale: float, signed: bool, name: str = "value") -> int:

@@ -5,6 +5,7 @@ the point named; the line protocol's GET POINTS and SET <name>; the built-in `si
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from agent.controller import line_protocol as lp
 from agent.controller.interface import DEFAULT_LIMITS, Limits, PointValue
 from agent.controller.line_profile import LinePoint, LineProfile
 from agent.controller.modbus_map import RegisterMap
-from agent.controller.modbus_profile import ModbusPoint, ModbusProfile
+from agent.controller.modbus_profile import MAX_SPAN, ModbusPoint, ModbusProfile, plan_reads
 from agent.controller.points import FAN, MODE, InvalidValue
 from agent.controller.profile import PointRules, Profile, check
 from agent.controller.sim_profile import BUILT_IN, SIM, SIM_LINE, SIM_MODBUS
@@ -127,6 +128,40 @@ def test_a_modbus_map_that_makes_no_sense_names_the_point(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         modbus(**points)
+
+
+def test_a_read_spans_registers_no_point_has_only_where_the_profile_allows() -> None:
+    points = modbus(
+        heatSetPoint=ModbusPoint(3),
+        coolSetPoint=ModbusPoint(4),
+        mode=ModbusPoint(9, values=MODES),
+        fan=ModbusPoint(17, values={"auto": 0}),
+    )
+    assert points.reads() == [(3, 0, 2), (3, 3, 2), (3, 9, 1), (3, 17, 1)]
+    wide = dataclasses.replace(points, max_gap=4)
+    assert wide.reads() == [(3, 0, 10), (3, 17, 1)]
+    # However wide the gap, a read spans MAX_SPAN registers at most.
+    assert plan_reads([(3, 0), (3, 15)], 15) == [(3, 0, 16)]
+    assert plan_reads([(3, 0), (3, 16)], 15) == [(3, 0, 1), (3, 16, 1)]
+    with pytest.raises(ValueError, match="max_gap 16"):
+        dataclasses.replace(points, max_gap=16)
+
+
+@given(
+    st.sets(st.tuples(st.sampled_from([3, 4]), st.integers(0, 60)), min_size=1), st.integers(0, 15)
+)
+def test_the_reads_cover_every_register_once_within_the_span(
+    wanted: set[tuple[int, int]], max_gap: int
+) -> None:
+    reads = plan_reads(wanted, max_gap)
+    covered = [(function, first + i) for function, first, count in reads for i in range(count)]
+    assert len(covered) == len(set(covered))
+    assert wanted <= set(covered)
+    assert all(count <= MAX_SPAN for _, _, count in reads)
+    for function, first, count in reads:
+        inside = sorted(r for f, r in wanted if f == function and first <= r < first + count)
+        assert inside[0] == first and inside[-1] == first + count - 1
+        assert all(b - a - 1 <= max_gap for a, b in itertools.pairwise(inside))
 
 
 def test_input_and_holding_registers_of_one_number_do_not_overlap() -> None:
