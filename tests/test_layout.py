@@ -29,7 +29,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "backoff": set(),
     "message": set(),
     "logs": set(),
-    "config": set(),
+    "config": {"controller"},
     "controller": set(),
     "line": {"controller"},
     "simulator": {"controller"},

@@ -18,6 +18,9 @@ One module per concern; the sections import none of each other but ``client_id``
 - ``serial``: the serial line, and the Modbus options of the devices on it;
 - ``devices``: the devices of a line (``AGENT_DEVICES`` or ``AGENT_DEVICES_FILE``), parsed and
   checked, and the ``Line`` they make up;
+- ``profiles``: the profiles devices name (in ``AGENT_DEVICES_FILE``, ``AGENT_PROFILES_FILE``,
+  or built in), checked and built into ``agent.controller.profile.Profile``s for the line's
+  driver (the one section that imports ``agent.controller``);
 - ``lock``, ``telemetry``, ``health``, ``keys``: one section each;
 - ``credentials``: secrets from systemd's credential files, a settings source;
 - ``settings``: ``ConnectionSettings`` and ``AgentSettings``, composed of the sections, and

@@ -1,15 +1,17 @@
 """The devices of a line (``AGENT_DEVICES``, or the file ``AGENT_DEVICES_FILE``): their ids,
-addresses and Modbus overrides, how the list is parsed and checked, and the ``Line`` they make
-up."""
+addresses, profiles and Modbus overrides, how the list is parsed and checked, and the ``Line``
+they make up."""
 
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from agent.controller.profile import Profile
 
 # A device id appears in topics and key names: no MQTT wildcards, separators or spaces.
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
@@ -41,11 +43,29 @@ class DeviceSettings(BaseModel):
     address: Annotated[int, Field(ge=1, le=247)] | None = None
     min_write_interval_s: Annotated[float, Field(ge=0)] | None = None
     modbus: ModbusOverrides | None = None
+    profile: str | None = None
+    """The name of its profile (`sim`, or one defined beside the devices); None: the set
+    point alone, as before profiles."""
+    _profile: Profile | None = PrivateAttr(default=None)
 
     @field_validator("id")
     @classmethod
     def _valid_id(cls, value: str) -> str:
         return check_id(value)
+
+    @model_validator(mode="after")
+    def _profile_or_overrides(self) -> Self:
+        if self.profile is not None and self.modbus is not None:
+            raise ValueError(
+                f"device {self.id}: give a profile or Modbus overrides, not both (its profile "
+                "says where its registers are)"
+            )
+        return self
+
+    @property
+    def resolved_profile(self) -> Profile | None:
+        """Its profile as the line's settings resolved it (None: the set point alone)."""
+        return self._profile
 
 
 def check_id(value: str) -> str:
@@ -86,6 +106,13 @@ class Line:
     devices: tuple[DeviceSettings, ...]
     single: bool
     """Configured as one device (AGENT_DEVICE_ID): keys and lock as for a device."""
+
+    def profile(self, device: str) -> Profile | None:
+        """The profile of the device with this id (None: the set point alone)."""
+        for known in self.devices:
+            if known.id == device:
+                return known.resolved_profile
+        raise KeyError(f"no device {device} on line {self.id}")
 
 
 def check_devices(devices: list[DeviceSettings]) -> None:

@@ -25,8 +25,10 @@ from agent.config.health import HealthSettings
 from agent.config.keys import KeySettings
 from agent.config.lock import LockSettings
 from agent.config.mqtt import MqttSettings
+from agent.config.profiles import BUILT_IN, read_devices_file, read_profiles_file, resolve
 from agent.config.serial import SerialSettings
 from agent.config.telemetry import TelemetrySettings
+from agent.controller.profile import Profile
 
 
 class ConnectionSettings(BaseSettings):
@@ -70,7 +72,14 @@ class AgentSettings(BaseSettings):
         "min_write_interval_s, modbus: {setpoint_register, ...}).",
     )
     devices_file: Path | None = Field(
-        default=None, description="A JSON file holding the devices, instead of AGENT_DEVICES."
+        default=None,
+        description="A JSON file holding the devices, instead of AGENT_DEVICES: a list of "
+        'them, or {"profiles": {name: profile}, "devices": [...]}.',
+    )
+    profiles_file: Path | None = Field(
+        default=None,
+        description="A JSON file of profiles ({name: profile}) that devices name "
+        '("profile": "<name>"), beside those of AGENT_DEVICES_FILE and the built-in sim.',
     )
     device_id: str | None = Field(
         default=None, description="A single device on its own line (instead of AGENT_DEVICES)."
@@ -127,7 +136,7 @@ class AgentSettings(BaseSettings):
         check_devices(value)
         return value
 
-    @field_validator("devices_file")
+    @field_validator("devices_file", "profiles_file")
     @classmethod
     def _devices_file_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
@@ -143,6 +152,12 @@ class AgentSettings(BaseSettings):
     def line(self) -> Line:
         assert self._line is not None
         return self._line
+
+    def profile_for(self, device: DeviceSettings | str) -> Profile | None:
+        """A device's profile, resolved for this line's driver (None: the set point alone)."""
+        if isinstance(device, DeviceSettings):
+            return device.resolved_profile
+        return self.line.profile(device)
 
     @property
     def client_id(self) -> str:
@@ -178,16 +193,36 @@ def resolve_line(settings: AgentSettings) -> Line:
             "AGENT_DEVICES and AGENT_DEVICES_FILE are both set: give the devices once"
         )
     devices = settings.devices
-    if settings.devices_file is not None:
+    profiles = dict(BUILT_IN)
+    if settings.profiles_file is not None:
         try:
-            raw = parse_devices(settings.devices_file.read_text())
+            profiles |= read_profiles_file(settings.profiles_file)
+        except (OSError, ValueError) as exc:
+            where = f"AGENT_PROFILES_FILE ({settings.profiles_file})"
+            raise LineConfigError(f"{where}: {exc}") from None
+    source = "AGENT_DEVICES (devices)"
+    if settings.devices_file is not None:
+        source = f"AGENT_DEVICES_FILE ({settings.devices_file})"
+        try:
+            listed, defined = read_devices_file(settings.devices_file.read_text())
+            twice = sorted(set(defined) & set(profiles))
+            if twice:
+                raise ValueError(f"profile {twice[0]}: defined in AGENT_PROFILES_FILE too")
+            profiles |= defined
+            raw = parse_devices(listed)
             if not isinstance(raw, list):
                 raise ValueError("expected a list of devices")
             devices = [DeviceSettings.model_validate(entry) for entry in raw]
             check_devices(devices)
         except (OSError, ValueError, TypeError) as exc:
-            raise LineConfigError(f"AGENT_DEVICES_FILE ({settings.devices_file}): {exc}") from None
+            raise LineConfigError(f"{source}: {exc}") from None
     if devices is not None:
+        try:
+            found = resolve(((d.id, d.profile) for d in devices), profiles, settings.serial.driver)
+        except ValueError as exc:
+            raise LineConfigError(f"{source}: {exc}") from None
+        for device in devices:
+            device._profile = found.get(device.id)
         if settings.device_id is not None:
             raise LineConfigError(
                 "AGENT_DEVICE_ID and AGENT_DEVICES are both set: a line's devices are "

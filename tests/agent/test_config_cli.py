@@ -226,3 +226,46 @@ def test_a_tls_file_that_cannot_be_used_is_a_setting_error(tmp_path: Path) -> No
     assert result.returncode == 78, result.stderr
     assert "AGENT_MQTT__TLS" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_profile_that_makes_no_sense_exits_78_naming_it_and_its_point(tmp_path: Path) -> None:
+    points = {
+        "setPoint": {"register": 0},
+        "temperature": {"register": 1},
+        "mode": {"register": 2, "values": {"off": 0, "heat": 0}},
+    }
+    devices = tmp_path / "devices.json"
+    devices.write_text(
+        json.dumps(
+            {
+                "profiles": {"kc": {"protocol": "modbus", "points": points}},
+                "devices": [{"id": "t01", "address": 1, "profile": "kc"}],
+            }
+        )
+    )
+    env = {
+        "AGENT_LINE_ID": "floor3",
+        "AGENT_SERIAL__URL": "socket://127.0.0.1:9",
+        "AGENT_SERIAL__DRIVER": "modbus",
+        "AGENT_DEVICES_FILE": str(devices),
+    }
+    result = run_agent(env=env)
+    assert result.returncode == EXIT_CONFIG, result.stdout + result.stderr
+    assert "AGENT_DEVICES_FILE" in result.stderr
+    assert "profile kc, point mode: off and heat both have the register value 0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("driver", ["line", "modbus"])
+def test_the_sim_profile_is_built_in_for_either_driver(driver: str) -> None:
+    env = {
+        "AGENT_LINE_ID": "floor3",
+        "AGENT_SERIAL__URL": "socket://127.0.0.1:9",
+        "AGENT_SERIAL__DRIVER": driver,
+        "AGENT_DEVICES": '[{"id": "t01", "address": 1, "profile": "sim"}]',
+    }
+    assert printed_config(env=env)["devices"][0]["profile"] == "sim"
+    unknown = {**env, "AGENT_DEVICES": '[{"id": "t01", "address": 1, "profile": "kc"}]'}
+    result = run_agent(env=unknown)
+    assert result.returncode == EXIT_CONFIG
+    assert "AGENT_DEVICES (devices): device t01: no profile 'kc' (defined: sim)" in result.stderr

@@ -244,8 +244,11 @@ def _files(tmp_path: Path) -> dict[str, Path]:
 def agent_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
     """Every setting flag of `agent`: a value to give and what --print-config then shows."""
     files = _files(tmp_path)
+    profiles = tmp_path / "profiles.json"
+    profiles.write_text("{}")
     return {
         "--device-id": ("boiler-7", "boiler-7"),
+        "--profiles-file": (str(profiles), str(profiles)),
         "--line-id": ("boiler-room", "boiler-room"),
         "--instance-id": ("b", "b"),
         "--state-dir": (str(tmp_path / "state"), str(tmp_path / "state")),
@@ -317,7 +320,13 @@ def line_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
 
 
 def _device(name: str, address: int) -> dict[str, Any]:
-    return {"id": name, "address": address, "min_write_interval_s": None, "modbus": None}
+    return {
+        "id": name,
+        "address": address,
+        "min_write_interval_s": None,
+        "modbus": None,
+        "profile": None,
+    }
 
 
 def agent_setting_flags() -> dict[str, str]:
