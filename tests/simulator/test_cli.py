@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -11,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from agent.config import AgentSettings
 from agent.controller import line_protocol as lp
+from agent.controller.driver import Unit
+from agent.controller.interface import ControllerState, PointValue
+from agent.controller.line_driver import LineDriver
+from agent.controller.modbus_driver import ModbusDriver
+from agent.controller.sim_profile import SIM
 from tests.support.controllers import one_controller
 
 
@@ -203,3 +210,70 @@ async def test_help_documents_the_line_and_its_panel() -> None:
     for panel in (b"PANEL H 19.0", b"PANEL M COOL", b"PANEL F LOW", b"PANEL O 0", b"GET POINTS"):
         assert panel in out
     assert b'"profile": "sim"' in out
+
+
+@pytest.mark.parametrize("driver", ["line", "modbus"])
+async def test_the_sim_profile_keeps_every_point_of_a_sim_device(
+    driver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`AGENT_DEVICES='[{"id": "t01", "address": 1, "profile": "sim"}]'` on a line served by
+    `agent sim-device --units N` (either protocol): the driver the settings pick reads every
+    point in one transaction and writes each of them."""
+    for name in [n for n in os.environ if n.upper().startswith("AGENT_")]:
+        monkeypatch.delenv(name)
+    options = ["--units", "2", "--panel", "0"] + (["--modbus"] if driver == "modbus" else [])
+    async with sim_device(*options) as (process, ready):
+        found = endpoints(ready)
+        settings = AgentSettings(
+            line_id="floor3",
+            serial={"url": found["device"][0], "driver": driver, "reply_timeout_s": 0.5},
+            devices='[{"id": "t01", "address": 1, "profile": "sim"}]',
+        )
+        device = settings.line.devices[0]
+        assert device.resolved_profile is SIM
+        unit = Unit(device.id, device.address, profile=device.resolved_profile)
+        host, port = found["panel"][0].removeprefix("tcp://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"@1 PANEL F LOW\n")
+        assert await asyncio.wait_for(reader.readline(), 5.0) == b"@1 OK F LOW\r\n"
+        writer.close()
+        serial = settings.serial
+        bus = (
+            ModbusDriver(serial.url, reply_timeout_s=serial.reply_timeout_s)
+            if driver == "modbus"
+            else LineDriver(serial.url, reply_timeout_s=serial.reply_timeout_s)
+        )
+
+        def work() -> tuple[ControllerState, dict[str, PointValue], ControllerState]:
+            bus.open()
+            try:
+                before = bus.read_state(unit)
+                written = {
+                    point: bus.write_point(unit, point, value)
+                    for point, value in (
+                        ("setPoint", 22.0),
+                        ("heatSetPoint", 18.5),
+                        ("coolSetPoint", 26.0),
+                        ("mode", "cool"),
+                        ("fan", "high"),
+                        ("occupied", False),
+                    )
+                }
+                return before, written, bus.read_state(unit)
+            finally:
+                bus.close()
+
+        before, written, after = await asyncio.to_thread(work)
+        assert before.value("fan") == "low" and before.value("humidity") == 45.0
+        assert set(before.points) == set(SIM.points) - {"setPoint"}
+        assert written == {
+            "setPoint": 22.0,
+            "heatSetPoint": 18.5,
+            "coolSetPoint": 26.0,
+            "mode": "cool",
+            "fan": "high",
+            "occupied": False,
+        }
+        assert {point: after.value(point) for point in written} == written
+        process.terminate()
+        assert await asyncio.wait_for(process.wait(), 10.0) == 0
