@@ -37,7 +37,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "emulator": BASE | {"client"},
     "sync": BASE | {"client", "controller"},
     "pair": BASE | {"client"},
-    "ops": BASE | {"client", "sync"},
+    "ops": BASE | {"client", "controller", "sync"},
     "runtime": BASE
     | {"client", "controller", "line", "simulator", "emulator", "sync", "pair", "ops"},
     "cli": {"runtime"},

@@ -37,8 +37,9 @@ def make_units(settings: AgentSettings) -> list[Unit]:
 
 def _unit(settings: AgentSettings, device: DeviceSettings) -> Unit:
     serial = settings.serial
+    profile = device.resolved_profile
     if serial.driver != "modbus":
-        return Unit(device.id, device.address)
+        return Unit(device.id, device.address, profile=profile)
     override = device.modbus
     chosen: dict[str, Any] = {
         "setpoint_register": serial.modbus_setpoint_register,
@@ -52,14 +53,14 @@ def _unit(settings: AgentSettings, device: DeviceSettings) -> Unit:
         chosen.update(override.model_dump(exclude_none=True))
     unit_id = device.address if device.address is not None else serial.modbus_unit_id
     register_map = RegisterMap(unit_id=unit_id, status_function=chosen["read_function"], **chosen)
-    return Unit(device.id, unit_id, register_map)
+    return Unit(device.id, unit_id, register_map, profile=profile)
 
 
 def device_profile(settings: AgentSettings, device: DeviceSettings) -> Profile:
     """The device's profile: its points, their limits and how they are kept (a device
     without one has the set point alone)."""
-    found = getattr(device, "resolved_profile", None)
-    return found if isinstance(found, Profile) else SET_POINT_ONLY
+    found = device.resolved_profile
+    return found if found is not None else SET_POINT_ONLY
 
 
 def write_intervals(settings: AgentSettings) -> dict[str, float]:

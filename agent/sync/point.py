@@ -362,6 +362,11 @@ class PointSync:
             written = controller.last_write_at
             if written is not None and at < written:
                 return  # read before our last write went out: stale
+            newest_at = controller.last_state_at
+            if newest_at is not None and newest_at > at and controller.last_state is not None:
+                # A newer reading exists (another operation read the unit while this one
+                # waited in the mailbox): a decision on the older one would be stale.
+                state, at = controller.last_state, newest_at
             value = state.value(self.name)
             if value is None:
                 return

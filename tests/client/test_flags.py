@@ -258,6 +258,7 @@ def agent_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
         "--keys-lock": ("{line}/lk", "{line}/lk"),
         "--keys-synced": ("{device}/sy", "{device}/sy"),
         "--keys-line": ("{device}/ln", "{device}/ln"),
+        "--keys-point": ("{device}/p/{point}", "{device}/p/{point}"),
         "--mqtt-host": ("broker.example", "broker.example"),
         "--mqtt-port": ("8883", 8883),
         "--mqtt-client-id": ("edge-9", "edge-9"),

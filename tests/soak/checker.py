@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 AGENT_PREFIX = "agent-"
-READS = frozenset({"GET STATE", "GET SP", "READ HOLDING", "READ INPUT"})
+READS = frozenset({"GET STATE", "GET SP", "GET POINTS", "READ HOLDING", "READ INPUT"})
 WRITES = frozenset({"SET SP", "WRITE", "WRITE MULTIPLE"})
+"""Writes on the wire; a profile's other points are written with `SET <name>` too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +179,7 @@ class Checker:
             first = event.at if event.sent is None else min(event.sent, event.at)
             ended = event.at if event.ended is None else event.ended
             self.checked["transactions on the wire"] += 1
-            if event.kind in WRITES:
+            if event.kind in WRITES or event.kind.startswith("SET "):
                 self.checked["writes on the wire"] += 1
             if any(start <= first and ended <= end for start, end in leases[event.instance]):
                 continue
