@@ -233,18 +233,23 @@ class LeasedLock:
             )
         except FencingTokenLowerVersion:
             holder, version = await self.client.get(self.key, timeout=timeout)
+            # Explained when the newer token is a renewal of this lease: one whose answer
+            # has not come back yet, or one that came back while this write was on its way
+            # (our token is that version already). Another's lock is a loss.
+            current = self._token
             explained = (
                 holder == self.holder
                 and version is not None
                 and version > token
-                and self._unanswered_since is not None
                 and self.held
-                and self._token == token
+                and current is not None
+                and (self._unanswered_since is not None or current >= version)
             )
             if not explained:
                 self._lose(LossReason.FENCED_WRITE_REJECTED)
                 raise
-        assert version is not None
+        assert version is not None and self._token is not None
+        version = max(version, self._token)
         self._token = version
         try:
             return await self.client.set(

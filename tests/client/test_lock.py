@@ -211,6 +211,37 @@ async def test_rejection_by_our_own_newer_version_is_not_a_loss(connect: Connect
     assert await lock.renew() is not None and losses.reasons == []
 
 
+async def test_rejection_by_a_renewal_answered_meanwhile_is_not_a_loss(connect: Connect) -> None:
+    """The write went out with the token of before a renewal, a remote writer fenced with
+    the renewal's version, and the renewal's answer came back while the write was on its
+    way: our token is that version by then, so the rejection is ours to explain (the soak
+    saw an active step down for this, with no fault at all)."""
+    holder, remote = await connect("holder"), await connect("remote")
+    key = lock_key()
+    data = key.replace("lock", "setPoint")
+    lock = LeasedLock(holder, key, "me")
+    losses = Losses()
+    lock.on_lost(losses)
+    first = await lock.try_acquire(5000)
+    assert first is not None and (await lock.fenced_set(data, b"20")).applied
+    latest = await lock.renew()
+    assert latest is not None
+    lock._token = first  # the write below goes out with the token of before the renewal
+    _, version = await remote.get(key)
+    assert (await remote.set(data, b"21", fencing_token=version)).applied
+    real_set = holder.set
+
+    async def answered_meanwhile(*args: object, **kwargs: object) -> object:
+        try:
+            return await real_set(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            lock._token = latest  # the renewal's answer arrives while this one is out
+
+    holder.set = answered_meanwhile  # type: ignore[method-assign]
+    assert (await lock.fenced_set(data, b"22")).applied
+    assert losses.reasons == [] and lock.token == latest
+
+
 async def test_an_unexplained_newer_version_of_our_holder_is_a_loss(connect: Connect) -> None:
     """With no renewal of ours unanswered, a newer version under our holder value is not
     ours: another process writes with our holder value (a clone), so we give up."""
