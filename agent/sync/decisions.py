@@ -230,7 +230,11 @@ def newer(a: Synced, b: Synced) -> Synced:
 
 
 def takeover_base(
-    own: Synced, record: Synced | None, seen: Iterable[Synced], controller: PointValue
+    own: Synced,
+    record: Synced | None,
+    seen: Iterable[Synced],
+    controller: PointValue,
+    published: PointValue | None = None,
 ) -> Synced:
     """What the former active last had on the controller, for the one taking over.
 
@@ -243,10 +247,17 @@ def takeover_base(
     active missed (the controller differs from the base) from a remote change it never
     applied (the store is newer than the base), and applies the crossing rule when both.
     (A panel change to exactly the value of such a store change is taken for it.)
+
+    `published` is the value the record says the former active published right before it
+    (sent after the value on the same connection): when the controller still holds it, the
+    store had it before the record, so whatever the store holds now came after it, even if
+    this instance never saw that value's version.
     """
     base = own if record is None else newer(own, record)
     complete = [(s.version, s.value) for s in seen if s.version is not None and s.value is not None]
     for version, value in sorted(complete, key=lambda pair: pair[0]):
         if (base.version is None or version > base.version) and same(value, controller):
             base = Synced(value, version)
+    if published is not None and same(controller, published) and not same(base.value, published):
+        base = Synced(published, base.version)
     return base

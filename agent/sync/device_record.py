@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
 from agent.client.session import SessionError
-from agent.controller.interface import Limits
+from agent.controller.interface import Limits, PointValue
 from agent.sync.decisions import Synced
 from agent.sync.record import PointRecord, Refusal, encode_record
 
@@ -39,8 +39,14 @@ class DeviceRecord:
     """The last write's failure (store error), for the caller's log."""
     _writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def update(self, point: str, synced: Synced, pending: tuple[Synced, ...]) -> None:
-        self.entries[point] = PointRecord(synced, pending)
+    def update(
+        self,
+        point: str,
+        synced: Synced,
+        pending: tuple[Synced, ...],
+        published: PointValue | None = None,
+    ) -> None:
+        self.entries[point] = PointRecord(synced, pending, published)
 
     async def write(self) -> Written:
         """The record in the store, fenced: the newest entries of every point."""
@@ -59,6 +65,7 @@ class DeviceRecord:
                 points=others,
                 limits=self.limits,
                 refused=self.refused,
+                published=setpoint.published,
             )
             try:
                 await self.lock.fenced_set(self.key, raw)

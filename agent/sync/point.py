@@ -146,6 +146,8 @@ class PointSync:
         self._worker: asyncio.Task[None] | None = None
         self._refused: set[str] = set()  # keys the broker's rules refuse us, said once
         self._takeover: Synced | None = None
+        self._published: PointValue | None = None
+        """What the former active's record says it published last (see record.py)."""
         self.reconciled = asyncio.Event()
         """Set once the device was reconciled after the takeover: it is served."""
 
@@ -235,6 +237,7 @@ class PointSync:
         the store forgets."""
         if entry is None:
             return
+        self._published = entry.published
         synced = decisions.newer(self.status.synced, entry.synced)
         pending = decisions.still_pending((*self.status.pending, *entry.pending), synced)
         if (synced, pending) != (self.status.synced, self.status.pending):
@@ -266,6 +269,8 @@ class PointSync:
                 (*self.status.pending, *entry.pending), self.status.synced
             )
         synced = self.status.synced if entry is None else entry.synced
+        if entry is not None and entry.published is not None:
+            self._published = entry.published
         self._takeover = synced
         self._wake.set()
         return store_version is not None and (
@@ -287,8 +292,10 @@ class PointSync:
                 self.reconcile_soon()
                 return
 
+            published = self._published
+
             def decide(value: PointValue, rules: Rules) -> Decision:
-                base = decisions.takeover_base(self.status.synced, record, seen, value)
+                base = decisions.takeover_base(self.status.synced, record, seen, value, published)
                 if base != self.status.synced:
                     self.log.info(
                         "takeover: the former active last synced %s %s", self.name, base.value
@@ -298,6 +305,7 @@ class PointSync:
 
             await self._run_locked("takeover", decide)
         self._seen.clear()
+        self._published = None
 
     async def fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
         """Reads a key and writes the same value back with this instance's token, only if it
@@ -553,12 +561,22 @@ class PointSync:
     ) -> None:
         if not self._may_write():
             return
-        try:
-            result = await self.lock.fenced_set(
+        # The record says what was published, sent right after the value on the same
+        # connection (both written before either answer is awaited): a record with it in
+        # the store means the store had the value first, so that a takeover knows a later
+        # value in the store is newer, even if this instance dies before the value's
+        # version comes back to be recorded.
+        self.record.update(self.name, self.status.synced, self.status.pending, value)
+        publish = asyncio.ensure_future(
+            self.lock.fenced_set(
                 self.key,
                 points.encode(self.point, value),
                 condition=Condition.NX if only_if_absent else None,
             )
+        )
+        marked = asyncio.ensure_future(self.record.write())
+        try:
+            result = await publish
         except FencingTokenLowerVersion:
             self.status.counters.fenced_writes_rejected += 1
             self.log.warning("store refused our write of %s: a newer active wrote", value)
@@ -568,6 +586,9 @@ class PointSync:
         except (StateStoreError, SessionError) as exc:
             self._store_failed(exc, self.key, "write")
             return
+        finally:
+            await asyncio.gather(marked, return_exceptions=True)
+            self.record.update(self.name, self.status.synced, self.status.pending)
         self._store_allowed(self.key)
         if not result.applied:
             # Written meanwhile (a remote change to an empty store): compare anew.

@@ -18,6 +18,11 @@ the top, so that a reader of the set point alone sees no change. Beside them, fo
 and their tools: the limits of each number the unit takes (`"limits":{"setPoint":[5,35,0.5]}`)
 and the last remote value the unit could not take, with why (`"refused":{"point":"setPoint",
 "value":"99","version":"...","reason":"99 is above the limit 35"}`).
+
+A panel change is published to the point's key and recorded right after, both sent at once
+on one connection: a record saying `"published":28.5` tells whoever takes over that 28.5
+reached the store before the record did, so that a later value in the store is newer than
+it, even if the former active died before it could record 28.5's version.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class PointRecord:
     synced: Synced
     pending: tuple[Synced, ...] = ()
     """Writes to the controller issued and not confirmed, oldest first."""
+    published: PointValue | None = None
+    """A value the active published to the point's key right before this record (sent
+    after it on the same connection): the store had it before it had the record."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +76,12 @@ class SyncRecord:
     limits: Mapping[str, Limits] = field(default_factory=dict)
     refused: Refusal | None = None
 
+    published: PointValue | None = None
+    """The set point's: see PointRecord.published."""
+
     def point(self, name: str) -> PointRecord | None:
         if name == "setPoint":
-            return PointRecord(self.synced, self.pending)
+            return PointRecord(self.synced, self.pending, self.published)
         return self.points.get(name)
 
 
@@ -81,22 +92,14 @@ def encode_record(
     points: Mapping[str, PointRecord] | None = None,
     limits: Mapping[str, Limits] | None = None,
     refused: Refusal | None = None,
+    published: PointValue | None = None,
 ) -> bytes:
     if synced.value is None or synced.version is None:
         raise ValueError("only a complete sync (value and version) is recorded")
-    data: dict[str, Any] = _entry(synced)
-    if pending:
-        data["pending"] = [_entry(write) for write in pending[-MAX_PENDING:]]
+    data: dict[str, Any] = _point_entry(PointRecord(synced, pending, published))
     if points:
         data["points"] = {
-            name: {
-                **_entry(entry.synced),
-                **(
-                    {"pending": [_entry(w) for w in entry.pending[-MAX_PENDING:]]}
-                    if entry.pending
-                    else {}
-                ),
-            }
+            name: _point_entry(entry)
             for name, entry in points.items()
             if entry.synced.value is not None and entry.synced.version is not None
         }
@@ -110,6 +113,15 @@ def encode_record(
             "reason": refused.reason[:MAX_REASON],
         }
     return json.dumps(data, separators=(",", ":")).encode()
+
+
+def _point_entry(entry: PointRecord) -> dict[str, Any]:
+    data = _entry(entry.synced)
+    if entry.pending:
+        data["pending"] = [_entry(write) for write in entry.pending[-MAX_PENDING:]]
+    if entry.published is not None:
+        data["published"] = entry.published
+    return data
 
 
 def _entry(synced: Synced) -> dict[str, Any]:
@@ -137,12 +149,17 @@ def parse_full_record(raw: bytes) -> SyncRecord:
             _parse_entry(data, "setPoint"),
             _parse_pending(data, "setPoint"),
             {
-                name: PointRecord(_parse_entry(entry, name), _parse_pending(entry, name))
+                name: PointRecord(
+                    _parse_entry(entry, name),
+                    _parse_pending(entry, name),
+                    _parse_published(entry, name),
+                )
                 for name, entry in entries.items()
                 if name in POINTS and name != "setPoint"
             },
             _parse_limits(data.get("limits", {})),
             _parse_refusal(data.get("refused")),
+            _parse_published(data, "setPoint"),
         )
     except InvalidRecord:
         raise
@@ -156,6 +173,11 @@ def _parse_pending(data: Any, name: str) -> tuple[Synced, ...]:
     if not isinstance(pending, list) or len(pending) > MAX_PENDING:
         raise InvalidRecord(f"pending must be a list of at most {MAX_PENDING} writes")
     return tuple(_parse_entry(entry, name) for entry in pending)
+
+
+def _parse_published(data: Any, name: str) -> PointValue | None:
+    value = data.get("published")
+    return None if value is None else _value(name, value)
 
 
 def _parse_entry(data: Any, name: str) -> Synced:

@@ -125,9 +125,7 @@ async def test_a_write_goes_out_only_if_the_unit_still_holds_what_it_was_decided
         state = await handle.read_state()
         device.panel_setpoint(18.5)  # a person turns the knob after the reading
         with pytest.raises(ReadingChanged) as refused:
-            await handle.write_setpoint(
-                23.0, expected=state.setpoint, fresh_after=time.monotonic()
-            )
+            await handle.write_setpoint(23.0, expected=state.setpoint, fresh_after=time.monotonic())
         assert refused.value.state is not None and refused.value.state.setpoint == 18.5
         assert device.setpoint == 18.5 and device.writes == []
         # Decided on the new reading, it goes out (the reading just taken is fresh).

@@ -60,7 +60,8 @@ def test_record_round_trip() -> None:
         b'{"value":1,"version":"1:0:a"}' + b" " * 4100,
         b'{"value":1,"version":"1:0:a","pending":{}}',
         b'{"value":1,"version":"1:0:a","pending":[{"value":2}]}',
-        b'{"value":1,"version":"1:0:a","pending":[' + b'{"value":2,"version":"1:0:a"},' * 4
+        b'{"value":1,"version":"1:0:a","pending":['
+        + b'{"value":2,"version":"1:0:a"},' * 4
         + b'{"value":2,"version":"1:0:a"}]}',
     ],
 )
@@ -121,6 +122,7 @@ class World:
     record: Synced = field(default_factory=lambda: Synced(20.0, v(0)))
     pending: tuple[Synced, ...] = ()  # the writes the record names as pending
     unrecorded_publish: bool = False  # died between publishing a panel change and its record
+    published: float | None = None  # the record's marker: published right before the record
     agent_view: float = 20.0  # what the former active last put on or read from the controller
 
     @property
@@ -142,17 +144,26 @@ class World:
         """One sync of the former active; False if it died during it."""
         latest = self.store[-1]
         if self.controller != self.agent_view:  # a local change: published first
+            # The value and a record marked with it are sent at once, in that order; the
+            # active may die before the value's version comes back to be recorded (1), or
+            # be cut off between the two (2).
             self.store.append(Synced(self.controller, self.next_version()))
             self.agent_view = self.controller
             if die_after == 1:
+                self.published = self.controller
+                self.pending = ()
+                return False
+            if die_after == 2:
                 self.unrecorded_publish = True
                 return False
             self.synced = self.record = self.store[-1]
+            self.published = None
             return True
         if latest.version != self.synced.version:  # a remote change: applied
             assert latest.value is not None
             # Recorded as pending first (the record in the store), then written.
             self.pending = (*self.pending, latest)
+            self.published = None
             if die_after == 2:
                 return False
             self.controller = self.agent_view = latest.value
@@ -202,7 +213,7 @@ def test_no_change_is_lost_across_a_failover(
     del alive
     latest = world.store[-1]
     assert latest.value is not None
-    base = takeover_base(world.record, world.record, world.store, world.controller)
+    base = takeover_base(world.record, world.record, world.store, world.controller, world.published)
     decision = reconcile(
         base, encode_setpoint(latest.value), latest.version, world.controller, LIMITS
     )
@@ -226,10 +237,11 @@ def test_no_change_is_lost_when_the_standby_was_away(
     saw only the store's latest value when it came back): the pending writes in the sync
     record tell the former active's writes from panel changes.
 
-    One case stays open, and is documented: the former active published a panel change and
-    could not record it (cut off within that round trip), a remote change came after it,
-    and the standby missed the published value; the store keeps no history to tell that
-    published change from one made during the failover."""
+    A panel change the former active published and could not record the version of is
+    told by the record's marker, written right after the value. One case stays open, and
+    is documented: the connection cut between those two packets, a remote change after
+    the value, and the standby missing the published value; the store keeps no history to
+    tell that published change from one made during the failover."""
     panel_values = [value for kind, value in before + during if kind == "panel"]
     assume(len(panel_values) == len(set(panel_values)))
     world = World()
@@ -246,7 +258,9 @@ def test_no_change_is_lost_when_the_standby_was_away(
     latest = world.store[-1]
     assert latest.value is not None
     seen = [latest] if away else list(world.store)
-    base = takeover_base(world.record, world.record, [*seen, *world.pending], world.controller)
+    base = takeover_base(
+        world.record, world.record, [*seen, *world.pending], world.controller, world.published
+    )
     decision = reconcile(
         base, encode_setpoint(latest.value), latest.version, world.controller, LIMITS
     )
@@ -266,3 +280,24 @@ def test_without_the_pending_write_a_takeover_reverts_a_remote_change() -> None:
     )
     told = takeover_base(record, record, [latest, Synced(22.0, v(1))], controller=22.0)
     assert reconcile(told, b"23.0", v(2), 22.0, LIMITS) == ApplyToController(23.0, v(2))
+
+
+def test_a_published_value_marked_in_the_record_is_not_taken_for_a_panel_change() -> None:
+    """The soak's D3: the former active published 24.5 (version 1) and died before it could
+    record that version; its record, sent right after the value, says it published 24.5;
+    a remote change 23 came after (version 2) and the new active never saw 24.5's version."""
+    record = Synced(20.0, v(0))
+    latest = Synced(23.0, v(2))
+    blind = takeover_base(record, record, [latest], controller=24.5)
+    assert isinstance(reconcile(blind, b"23.0", v(2), 24.5, LIMITS), PublishToStore)
+    told = takeover_base(record, record, [latest], controller=24.5, published=24.5)
+    assert reconcile(told, b"23.0", v(2), 24.5, LIMITS) == ApplyToController(23.0, v(2))
+    # Not the controller's value any more (a panel change since): the marker says nothing.
+    assert takeover_base(record, record, [latest], controller=26.5, published=24.5) == record
+
+
+def test_a_record_with_a_published_marker_round_trips() -> None:
+    synced = Synced(21.5, v(3))
+    raw = encode_record(synced, published=24.5)
+    assert parse_full_record(raw) == SyncRecord(synced, published=24.5)
+    assert parse_record(raw) == synced
