@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -49,6 +50,8 @@ from agent.controller.interface import (
 )
 from agent.controller.profile import Profile
 from agent.controller.timing import LineTiming, bits_per_char
+
+log = logging.getLogger(__name__)
 
 Gate = Callable[[float], bool]
 """Asked right before a transaction's first byte with how long, at most, the transaction
@@ -138,6 +141,28 @@ class Driver(ABC):
             else reply_timeout_s
         )
         self.stats = LinkStats()
+        self._late_reply_from: set[int | None] = set()
+
+    # A reply that missed its deadline may still come, and would pass for the reply to
+    # the next request to the same address (of the same kind, likely). So the next
+    # exchange with that address first waits the line quiet, and keeps doing so until an
+    # exchange with it completes: a request the gate held back after the wait does not
+    # prove the line quiet by the next one. (Another address's late reply is told apart
+    # by its address.) The wait comes before the gate (the contract above).
+
+    def _late_reply_possible(self, address: int | None) -> None:
+        self._late_reply_from.add(address)
+
+    def _exchange_completed(self, address: int | None) -> None:
+        self._late_reply_from.discard(address)
+
+    def _wait_out_late_reply(
+        self, wait_for_quiet: Callable[[float, float], int], address: int | None
+    ) -> None:
+        if address in self._late_reply_from:
+            discarded = wait_for_quiet(self.reply_timeout_s, 4 * self.reply_timeout_s)
+            if discarded:
+                log.debug("discarded %d bytes of a late reply from %s", discarded, address)
 
     @property
     @abstractmethod

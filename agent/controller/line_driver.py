@@ -84,7 +84,6 @@ class LineDriver(Driver):
         )
         self.exclusive = self.port.exclusive
         self._splitter = lp.LineSplitter(max_line=4 * lp.MAX_LINE)
-        self._late_reply_possible = False
 
     @property
     def poll_frame(self) -> tuple[int, int]:
@@ -106,7 +105,7 @@ class LineDriver(Driver):
 
     def open(self) -> None:
         self.port.open()
-        self._late_reply_possible = False
+        self._late_reply_from.clear()
 
     def close(self) -> None:
         self.port.close()
@@ -184,12 +183,10 @@ class LineDriver(Driver):
         """Send one request to `unit` and return its reply, of the expected type."""
         what = lp.with_address(unit.address, lp.format_request(request))
         line = lp.encode_line(what)
-        # Stale bytes (a late reply, line noise) must not be taken for this reply. On a
-        # multi-drop line the address tells a late reply of another unit apart; a
-        # point-to-point controller's late reply can only be waited out. Every wait comes
-        # before the gate (see agent.controller.driver).
-        if self._late_reply_possible and unit.address is None:
-            self._wait_for_quiet()
+        # Stale bytes (a late reply, line noise) must not be taken for this reply: the
+        # same address's late reply is waited out (see agent.controller.driver), another's
+        # is told apart by its address.
+        self._wait_out_late_reply(self.port.wait_for_quiet, unit.address)
         self.port.discard_input()
         self._splitter.clear()
         self.pass_gate(gate, self.transaction_s(len(line), LONGEST_REPLY_BYTES), what)
@@ -198,7 +195,7 @@ class LineDriver(Driver):
         try:
             payload = self._read_reply(unit, what, len(line))
         except ControllerUnavailable:
-            self._late_reply_possible = True
+            self._late_reply_possible(unit.address)
             self.stats.timeouts += 1
             self.stats.per_unit_timeouts[unit.name] = (
                 self.stats.per_unit_timeouts.get(unit.name, 0) + 1
@@ -207,6 +204,7 @@ class LineDriver(Driver):
         except ControllerError:
             self.stats.corrupt_replies += 1
             raise
+        self._exchange_completed(unit.address)
         try:
             reply = lp.parse_reply(payload)
         except lp.ProtocolError as exc:
@@ -220,21 +218,6 @@ class LineDriver(Driver):
         if not isinstance(reply, expected):
             raise ControllerError(f"unexpected reply to {what!r}: {reply}")
         return reply
-
-    def _wait_for_quiet(self) -> None:
-        """Discard input until the line has been quiet for a reply timeout (at most four).
-
-        A reply that missed its deadline may still arrive; without this it would be
-        taken for the reply to the next request, which could be of the same kind.
-        """
-        give_up = time.monotonic() + 4 * self.reply_timeout_s
-        while time.monotonic() < give_up:
-            quiet_by = min(give_up, time.monotonic() + self.reply_timeout_s)
-            chunk = self.port.read(4 * lp.MAX_LINE, quiet_by)
-            if not chunk:
-                break
-            log.debug("discarded a late reply %r", chunk)
-        self._late_reply_possible = False
 
     def _read_reply(self, unit: Unit, what: str, sent: int) -> str:
         """The reply's payload without its address prefix."""

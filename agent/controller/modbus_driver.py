@@ -123,6 +123,7 @@ class ModbusDriver(Driver):
 
     def open(self) -> None:
         self.port.open()
+        self._late_reply_from.clear()
 
     def close(self) -> None:
         self.port.close()
@@ -139,6 +140,7 @@ class ModbusDriver(Driver):
     def _exchange(self, unit: Unit, what: str, request: bytes, gate: Gate) -> list[int] | None:
         """One request and its reply: the registers read, or None for a write's echo."""
         expected = rtu.reply_bytes(request)
+        self._wait_out_late_reply(self.port.wait_for_quiet, unit.address)
         self.port.discard_input()
         self.pass_gate(gate, self.transaction_s(len(request), expected), what)
         self.port.send(request)
@@ -147,6 +149,7 @@ class ModbusDriver(Driver):
         deadline = time.monotonic() + self.timing.chars_s(len(request)) + self.reply_timeout_s
         head = self.port.read_exactly(rtu.HEADER_BYTES, deadline, self.gap_s)
         if not head:
+            self._late_reply_possible(unit.address)
             self._timed_out(unit)
             raise ControllerUnavailable(f"no reply to {what} within {self.reply_timeout_s:g} s")
         length = rtu.reply_length(head)
@@ -160,6 +163,7 @@ class ModbusDriver(Driver):
         except rtu.FrameError as exc:
             self.stats.corrupt_replies += 1
             raise ControllerError(f"{what}: {exc}") from exc
+        self._exchange_completed(unit.address)
         if isinstance(answer, rtu.ExceptionReply):
             raise ModbusRefused(
                 f"controller refused {what}: Modbus exception {answer.code}", answer.code

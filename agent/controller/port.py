@@ -150,6 +150,18 @@ class SerialPort:
         self.stats.bytes_received += len(chunk)
         return chunk
 
+    def wait_for_quiet(self, quiet_s: float, at_most_s: float) -> int:
+        """Discards input until the line has been quiet for `quiet_s` (giving up after
+        `at_most_s`): the bytes discarded."""
+        give_up = time.monotonic() + at_most_s
+        discarded = 0
+        while time.monotonic() < give_up:
+            chunk = self.read(4096, min(give_up, time.monotonic() + quiet_s))
+            if not chunk:
+                break
+            discarded += len(chunk)
+        return discarded
+
     def read_exactly(self, size: int, first_by: float, gap_s: float) -> bytes:
         """`size` bytes: the first by `first_by` (monotonic), each further one within
         `gap_s` of the one before (the inter-character timeout). Fewer when the line went

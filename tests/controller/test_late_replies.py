@@ -1,0 +1,84 @@
+"""A reply that misses its deadline still comes, later: it must never pass for the reply
+to a later request of the same unit, even when the request after the timeout was held
+back by the gate (the soak's D6: the wait for quiet was done for a request never sent,
+and the next one took the crawling unit's old reply for its own)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agent.controller.driver import Driver, GateClosed, Unit
+from agent.controller.interface import ControllerUnavailable
+from agent.controller.line_driver import LineDriver
+from agent.controller.modbus_driver import ModbusDriver
+from agent.simulator.line import FakeLine
+
+REPLY_TIMEOUT_S = 0.2
+LATE_BY_MS = 500  # the reply comes after the timeout and after one wait for quiet
+
+
+@pytest.fixture(params=["line protocol", "modbus"])
+async def line(request: pytest.FixtureRequest) -> AsyncIterator[FakeLine]:
+    fake = FakeLine(2, modbus=request.param == "modbus", time_constant_s=1e6)
+    await fake.start(tcp_port=0)
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+def driver_for(line: FakeLine) -> Driver:
+    assert line.tcp_url is not None
+    if line.register_map is not None:
+        return ModbusDriver(line.tcp_url, parity="N", reply_timeout_s=REPLY_TIMEOUT_S)
+    return LineDriver(line.tcp_url, reply_timeout_s=REPLY_TIMEOUT_S)
+
+
+async def test_a_late_reply_is_waited_out_even_after_a_request_the_gate_held_back(
+    line: FakeLine,
+) -> None:
+    driver = driver_for(line)
+    unit = Unit("t2", 2)
+    line.unit(2).fault("SLOW", LATE_BY_MS)
+
+    def closed(lasts_s: float) -> bool:
+        return False
+
+    def session() -> float:
+        driver.open()
+        try:
+            with pytest.raises(ControllerUnavailable):
+                driver.read_state(unit)  # its reply, set point 20, is on its way
+            line.unit(2).fault("CLEAR")
+            line.unit(2).panel_setpoint(25.0)
+            with pytest.raises(GateClosed):
+                driver.read_state(unit, closed)  # waited for quiet, then held back
+            return driver.read_state(unit).setpoint
+        finally:
+            driver.close()
+
+    assert await asyncio.to_thread(session) == 25.0
+
+
+async def test_another_units_late_reply_costs_no_wait(line: FakeLine) -> None:
+    """On the line protocol, whose replies are told apart by their address."""
+    if line.register_map is not None:
+        pytest.skip("the fake Modbus line answers one request at a time")
+    driver = driver_for(line)
+    line.unit(2).fault("SLOW", LATE_BY_MS)
+    line.unit(1).panel_setpoint(24.0)
+
+    def session() -> float:
+        driver.open()
+        try:
+            with pytest.raises(ControllerUnavailable):
+                driver.read_state(Unit("t2", 2))
+            line.unit(2).fault("CLEAR")
+            return driver.read_state(Unit("t1", 1)).setpoint
+        finally:
+            driver.close()
+
+    assert await asyncio.to_thread(session) == 24.0
