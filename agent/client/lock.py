@@ -99,6 +99,10 @@ class LeasedLock:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._loss_handlers: list[Callable[[LossReason], None]] = []
         self._doubted_at: float | None = None
+        self.last_granted: Hlc | None = None
+        """The newest token the store granted us within a lease we held (kept after the
+        lease ends): the lock still at that version with our value proves that no one
+        else held it since."""
         self.last_sent_at: float | None = None
         """The send time (monotonic) of the newest acquire or renewal."""
         self.on_round_trip: Callable[[float], None] | None = None
@@ -198,6 +202,16 @@ class LeasedLock:
         self._clear()
         return await self.client.vdelete(self.key, self.holder, timeout=timeout) == 1
 
+    async def still_our_last_lease(self, *, timeout: float | None = None) -> bool:
+        """True when the store holds the lock with our value at the version of our last
+        granted lease: nobody else held it since (the store has kept it all along)."""
+        if self.last_granted is None:
+            return False
+        sent_at = self._monotonic()
+        value, version = await self.client.get(self.key, timeout=timeout)
+        self._round_trip(sent_at)
+        return value == self.holder and version == self.last_granted
+
     async def current_holder(self, *, timeout: float | None = None) -> bytes | None:
         sent_at = self._monotonic()
         value, _ = await self.client.get(self.key, timeout=timeout)
@@ -280,6 +294,7 @@ class LeasedLock:
         if self._deadline is not None and self._token is not None:
             deadline = max(deadline, self._deadline)  # overlapping renewals: keep the later
         self._token, self._deadline, self._ttl_ms = result.version, deadline, ttl_ms
+        self.last_granted = result.version
         if self._doubted_at is not None and sent_at >= self._doubted_at:
             self._doubted_at = None
         self._arm_deadline_timer()

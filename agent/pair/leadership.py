@@ -157,6 +157,13 @@ class Leadership:
         if not self._link_can_hold():
             return
         try:
+            if self.lock_delay.wait_s(time.monotonic()) > 0 and (
+                await self.lock.still_our_last_lease(timeout=self.timing.ttl_s)
+            ):
+                # Our own lease, lost here (a pause, a deadline passed) but still the
+                # store's: no one else has held the lock since, so no one else drives.
+                log.info("the lock is still our last lease: taking it again at once")
+                self.lock_delay.seen_released(time.monotonic())
             token = await self.lock.try_acquire(self.ttl_ms)
         except (StateStoreError, SessionError) as exc:
             log.debug("lock attempt failed: %s", exc)

@@ -327,3 +327,30 @@ async def test_after_a_doubt_a_lock_no_longer_ours_is_lost_not_renewed(
     assert await lock.renew() is None
     assert not lock.held and losses.reasons == [LossReason.LEASE_FORGOTTEN]
     assert (await client.get(key))[0] == found  # not created again, not overwritten
+
+
+async def test_a_lease_lost_here_but_still_the_stores_is_known_as_ours(connect: Connect) -> None:
+    """The soak's D7: an active paused past its own deadline, its lease still at the store,
+    waited a whole lock delay before driving again (and kept the standby out meanwhile).
+    The lock at the version of our last granted lease proves nobody held it since."""
+    a, b = await connect("a"), await connect("b")
+    key = lock_key()
+    lock = LeasedLock(a, key, "a#1", safety_margin_s=1.0)
+    losses = Losses()
+    lock.on_lost(losses)
+    assert not await lock.still_our_last_lease()  # never held: nothing to prove
+    assert await lock.try_acquire(1500) is not None
+    await asyncio.wait_for(losses.event.wait(), 5)  # the local deadline, 1 s before the store's
+    assert await lock.still_our_last_lease()
+    # Expired at the store and taken by another: not ours any more, not even after that.
+    gone = asyncio.Event()
+    await b.observe(key, lambda c: gone.set() if c.kind == "DELETE" else None)
+    await asyncio.wait_for(gone.wait(), 5)
+    assert not await lock.still_our_last_lease()
+    other = LeasedLock(b, key, "b#1")
+    assert await other.try_acquire(5000) is not None
+    assert not await lock.still_our_last_lease()
+    # Ours again by a new acquisition: a new version, the one proven from then on.
+    await other.release()
+    assert await lock.try_acquire(5000) is not None
+    assert await lock.still_our_last_lease()
