@@ -85,6 +85,7 @@ class Leadership:
         self._renewals: set[asyncio.Future[Any]] = set()
         self._contender: asyncio.Future[Any] | None = None
         self._duplicates_reported: set[bytes] = set()
+        self._former_holders: set[bytes] = set()
         self.active_event = asyncio.Event()  # set while active, for tests and --simulate
         # Asked before every contention: True while this instance leaves the lock to
         # another (a switchover in progress, see agent.runtime.control).
@@ -114,7 +115,7 @@ class Leadership:
     async def watch(self) -> bytes | None:
         """Watches the lock; returns its holder now."""
         holder = await self.lock.observe(self._on_lock_change)
-        self._saw_holder(holder)
+        self._saw_holder(holder, live=False)
         return holder
 
     def standing_by(self) -> None:
@@ -324,27 +325,40 @@ class Leadership:
 
     def _on_lock_change(self, change: KeyChange) -> None:
         if change.kind == "SET":
-            self._saw_holder(change.value)
+            self._saw_holder(change.value, live=not change.synthetic)
         elif not change.synthetic:
             # A live DELETE: released, or expired at the store. The holder stopped first.
             self.lock_delay.seen_released(time.monotonic())
             if self.role is Role.STANDBY:
                 self._spawn(self.contend())  # take over now
 
-    def _saw_holder(self, holder: bytes | None) -> None:
+    def _saw_holder(self, holder: bytes | None, *, live: bool) -> None:
         if holder is None or holder == self.holder:
             return
         self.lock_delay.seen_held(time.monotonic())
-        duplicate = holder_instance(holder) == self.instance_id
-        if duplicate and holder not in self._duplicates_reported:
-            self._duplicates_reported.add(holder)
-            log.error(
-                "another process with instance id %s holds the lock %s (%s): instance ids "
-                "must be unique within a pair (a cloned gateway? set AGENT_INSTANCE_ID)",
-                self.instance_id,
-                self.lock_key,
-                holder.decode(errors="replace"),
-            )
+        if holder_instance(holder) != self.instance_id or holder in self._duplicates_reported:
+            return
+        if not live:
+            # Found in the store, not set now: most likely the lease of this instance's
+            # former process (a restart after a crash), which simply runs out. A process
+            # alive with our instance id renews it, and is reported then.
+            if holder not in self._former_holders:
+                self._former_holders.add(holder)
+                log.info(
+                    "the lock %s is held by %s, this instance's former process most likely: "
+                    "waiting for its lease to end",
+                    self.lock_key,
+                    holder.decode(errors="replace"),
+                )
+            return
+        self._duplicates_reported.add(holder)
+        log.error(
+            "another process with instance id %s holds the lock %s (%s): instance ids "
+            "must be unique within a pair (a cloned gateway? set AGENT_INSTANCE_ID)",
+            self.instance_id,
+            self.lock_key,
+            holder.decode(errors="replace"),
+        )
 
     def store_kept_its_contents(self) -> None:
         """The lock was absent, and a sync record read after it was there.

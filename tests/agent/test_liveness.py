@@ -22,6 +22,7 @@ from tests.support.rig import ACTIVE, RECONCILED, STANDBY, STEPPED_DOWN, LineRig
 RETRYING = re.compile(r"retrying in ([0-9.]+) s")
 RECONNECTED = re.compile(r"reconnected to the broker")
 DUPLICATE = re.compile(r"another process runs with instance id")
+CLONE = re.compile(r"another process with instance id")
 TOO_SLOW = re.compile(r"too long to hold a lease")
 
 
@@ -137,6 +138,23 @@ def test_cloned_gateways_say_so_both_and_never_take_each_others_sessions(tmp_pat
         became = clone.wait_for_new(ACTIVE, timeout=15)
         # The lease expires at the store, then the clone takes it (plus its poll period).
         assert log_time(became.string) - killed <= rig.ttl_ms / 1000 + 0.3 + 0.5
+    finally:
+        rig.close()
+
+
+def test_a_restart_after_a_crash_is_not_taken_for_a_clone(tmp_path: Path) -> None:
+    """The soak's D5: restarted after SIGKILL, an instance found its former process's lease
+    in the store and said a clone held the lock. It says it waits for that lease instead,
+    and takes over once it ends."""
+    rig = Rig(tmp_path, ttl_ms=2000)
+    try:
+        first, _ = rig.start_active("gw", AGENT_HEALTH__INTERVAL_S="1")
+        first.signal(signal.SIGKILL)
+        again = rig.start_agent("gw", AGENT_HEALTH__INTERVAL_S="1")
+        again.wait_for_new(re.compile("former process most likely"), timeout=10)
+        again.wait_for_new(ACTIVE, timeout=15)
+        text = lines(again)
+        assert not any(CLONE.search(t) or DUPLICATE.search(t) for t in text), text
     finally:
         rig.close()
 
