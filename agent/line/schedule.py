@@ -21,6 +21,11 @@ that may follow it (a remote change is read, then written): a poll of another de
 between would age the reading past what a write may be decided on, and cost the write a
 read of its own, two transactions in all. Urgent work never waits for it.
 
+Urgent work goes first, but not always: after `URGENT_BEFORE_ROUTINE` urgent transactions
+in a row, a due probe or poll takes a turn (never between an urgent read and its write), so
+that under a sustained stream of remote changes panel changes are still seen and a unit
+that came back is still found.
+
 A slow device (its transactions take `SLOW_FACTOR` times a poll's line time or more) costs
 the others at most one of its transactions per change: it is polled less often (its polls
 take at most `SLOW_SHARE` of the line), and no poll starts that would still be on the line
@@ -44,6 +49,8 @@ DEFAULT_PROBE_MAX_S = 300.0
 SLOW_FACTOR = 4.0
 SLOW_SHARE = 0.1
 """A slow device's polls take at most this share of the line's time."""
+URGENT_BEFORE_ROUTINE = 4
+"""Urgent transactions in a row after which a due probe or poll takes a turn."""
 SMOOTHING = 0.3
 """Weight of the newest duration in a device's running mean."""
 
@@ -169,6 +176,7 @@ class BusSchedule:
         self.last_cycle_s: float | None = None
         """How long the last complete poll cycle took, start to end."""
         self.cycles = 0
+        self._urgent_in_a_row = 0
 
     # ------------------------------------------------------------------ queries
 
@@ -229,6 +237,11 @@ class BusSchedule:
 
     def next(self, now: float) -> Op | float:
         """The transaction to start now, or the time to look again (new work wakes too)."""
+        if self._urgent_in_a_row >= URGENT_BEFORE_ROUTINE and now >= self._held_until:
+            turn = self._routine(now, float("inf"))
+            if isinstance(turn, Op):
+                self._urgent_in_a_row = 0
+                return turn
         wake = float("inf")
         for op in self._urgent:
             if op.kind is Kind.WRITE:
@@ -237,9 +250,16 @@ class BusSchedule:
                     wake = min(wake, ready_at)
                     continue
             self._urgent.remove(op)
+            self._urgent_in_a_row += 1
             return op
+        self._urgent_in_a_row = 0
         if now < self._held_until:
             return min(wake, self._held_until)
+        return self._routine(now, wake)
+
+    def _routine(self, now: float, wake: float) -> Op | float:
+        """A due probe or poll; else the time to look again, at the latest `wake` (a poll
+        that would still be on the line then does not start)."""
         for device in self._devices.values():
             if device.quarantined:
                 if device.probe_at <= now:

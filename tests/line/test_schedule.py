@@ -11,7 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.controller.timing import TYPICAL_TURNAROUND_S, LineTiming, bits_per_char, cycle_s
-from agent.line.schedule import BusSchedule, Change, Kind, Op, Outcome, Refused, Verdict
+from agent.line.schedule import (
+    URGENT_BEFORE_ROUTINE,
+    BusSchedule,
+    Change,
+    Kind,
+    Op,
+    Outcome,
+    Refused,
+    Verdict,
+)
 
 DEVICES = ["t1", "t2", "t3"]
 
@@ -40,6 +49,43 @@ def test_urgent_work_jumps_the_queue_of_polls() -> None:
     read = Op("t3", Kind.READ)
     s.submit(read)
     assert s.next(0.1) is read
+
+
+def test_under_a_stream_of_remote_changes_polls_and_probes_still_get_a_turn() -> None:
+    """The soak's D8: with a remote change always waiting, no unit was polled (panel
+    changes unseen) and no quarantined unit probed for minutes. A due probe or poll takes
+    a turn after URGENT_BEFORE_ROUTINE urgent transactions, never between a read and its
+    write."""
+    s = BusSchedule([*DEVICES, "t4"], poll_interval_s=0.5, write_hold_s=0.05, probe_initial_s=1.0)
+    s.finished(Op("t4", Kind.POLL), Outcome.TIMEOUT, 0.0)
+    s.finished(Op("t4", Kind.POLL), Outcome.TIMEOUT, 0.0)
+    assert s.quarantined("t4")
+    now, change = 0.0, itertools.count()
+    ops: list[tuple[float, Op]] = []
+    while now < 10.0:
+        # A remote change always waiting: each is read, then written.
+        if not s.pending():
+            device = DEVICES[next(change) % len(DEVICES)]
+            s.submit(Op(device, Kind.READ))
+        op = s.next(now)
+        assert isinstance(op, Op), op
+        ops.append((now, op))
+        now += 0.01
+        s.finished(op, Outcome.OK, now)
+        if op.kind is Kind.READ:
+            s.submit(Op(op.device, Kind.WRITE, 21.0))
+    # Each device polled every poll interval still, give or take a few turns' wait.
+    kinds = [op.kind for _, op in ops]
+    assert kinds.count(Kind.PROBE) >= 1
+    for device in DEVICES:
+        times = [t for t, op in ops if op.kind is Kind.POLL and op.device == device]
+        assert times and max(b - a for a, b in itertools.pairwise([0.0, *times, now])) <= (
+            0.5 + 3 * (URGENT_BEFORE_ROUTINE + 1) * 0.01
+        ), (device, times)
+    for earlier, later in itertools.pairwise(kinds):
+        assert not (earlier is Kind.READ and later in (Kind.POLL, Kind.PROBE)), kinds
+    # Most of the line still serves the remote changes.
+    assert kinds.count(Kind.READ) > len(kinds) / 3
 
 
 def test_pending_writes_to_one_device_collapse_to_the_latest() -> None:
