@@ -1,0 +1,143 @@
+"""Whole thermostats as real processes: units configured with the built-in profile `sim`, on
+either protocol, kept in sync point by point both ways, through a failover, and with a
+value against the deadband refused where `agent setpoint --wait` reads it."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.controller.interface import PointValue
+from tests.ops.support import command
+from tests.support.points_rig import AT_START, WRITABLE, PointsRig
+from tests.support.rig import ACTIVE, STANDBY
+
+UNITS = 3
+EXIT_REFUSED = 5
+REMOTE: dict[str, PointValue] = {
+    "setPoint": 22.5,
+    "heatSetPoint": 19.0,
+    "coolSetPoint": 26.5,
+    "mode": "cool",
+    "fan": "high",
+    "occupied": False,
+}
+"""A change of every writable point, each to another value than the unit holds at start."""
+PANEL: dict[str, PointValue] = {
+    "setPoint": 18.5,
+    "heatSetPoint": 17.5,
+    "coolSetPoint": 27.0,
+    "mode": "auto",
+    "fan": "low",
+    "occupied": False,
+}
+assert all(REMOTE[p] != AT_START[p] and PANEL[p] != AT_START[p] for p in WRITABLE)
+
+
+@pytest.fixture(params=["line", "modbus"])
+def line(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PointsRig]:
+    rig = PointsRig(tmp_path, UNITS, modbus=request.param == "modbus")
+    try:
+        yield rig
+    finally:
+        rig.close()
+
+
+def every_point(address: int, values: dict[str, PointValue]) -> dict[tuple[int, str], PointValue]:
+    return {(address, point): value for point, value in values.items()}
+
+
+def test_every_point_flows_both_ways(line: PointsRig) -> None:
+    line.start_active("a")
+    # Each unit's points published at start, every one in its own key.
+    line.wait_points(
+        {k: v for n in range(1, UNITS + 1) for k, v in every_point(n, AT_START).items()}
+    )
+    # Remote changes of every point of unit 1, panel changes of every point of unit 2.
+    for point, value in REMOTE.items():
+        assert line.remote_point(1, point, value) == b"+OK\r\n", point
+    for point, value in PANEL.items():
+        line.panel_point(2, point, value)
+    line.wait_units(every_point(1, REMOTE))
+    line.wait_points(every_point(1, REMOTE) | every_point(2, PANEL))
+    for point in WRITABLE:
+        assert line.point_writes(1, point) == [REMOTE[point]], point
+        assert line.point_writes(2, point) == [], point  # never written back where it came from
+        assert line.point_writes(3, point) == [], point
+    # A read-only point the profile keeps in the store: humidity, when it moved by 5.
+    line.panel_point(3, "humidity", 61.0)
+    line.wait_points({(3, "humidity"): 61.0})
+    assert line.store_value(line.point_key(3, "temperature")) is None  # not asked for
+
+
+def test_no_point_change_is_lost_or_reverted_across_a_failover(line: PointsRig) -> None:
+    # The first active polls rarely: the panel changes below are still unseen when it dies.
+    first, _ = line.start_active("a", AGENT_SERIAL__POLL_INTERVAL_S="600")
+    second = line.start_agent("b")
+    second.wait_for_new(STANDBY)
+    line.wait_points(every_point(1, AT_START) | every_point(2, AT_START) | every_point(3, AT_START))
+    # Applied by the first active: its writes must stand after the takeover.
+    for point, value in REMOTE.items():
+        line.remote_point(1, point, value)
+    line.wait_units(every_point(1, REMOTE))
+    # Made at the panel and not yet published when the first active dies.
+    for point, value in PANEL.items():
+        line.panel_point(2, point, value)
+    first.signal(signal.SIGKILL)
+    # Made in the store while the line has no active.
+    for point, value in REMOTE.items():
+        line.remote_point(3, point, value)
+    second.wait_for_new(ACTIVE, timeout=10)
+    line.wait_units(every_point(1, REMOTE) | every_point(2, PANEL) | every_point(3, REMOTE))
+    line.wait_points(every_point(1, REMOTE) | every_point(2, PANEL) | every_point(3, REMOTE))
+    for point in WRITABLE:
+        assert line.point_writes(1, point) == [REMOTE[point]], point  # not reverted, not redone
+        assert line.point_writes(2, point) == [], point  # the panel's values never written over
+        assert line.point_writes(3, point) == [REMOTE[point]], point
+    assert line.wire_violations() == []
+
+
+@pytest.mark.parametrize(
+    ("point", "value", "reason"),
+    [
+        (
+            "coolSetPoint",
+            "20.5",
+            "the cooling set point 20.5 must be at least 1 above the heating set point 20",
+        ),
+        (
+            "heatSetPoint",
+            "23.5",
+            "the cooling set point 24 must be at least 1 above the heating set point 23.5",
+        ),
+    ],
+)
+def test_a_value_against_the_deadband_is_refused_with_why_and_the_key_restored(
+    line: PointsRig, point: str, value: str, reason: str
+) -> None:
+    line.start_active("a")
+    line.wait_points(every_point(1, AT_START))
+    refused = command(line, "setpoint", "set", "t01", value, "--point", point, "--wait", "10")
+    assert refused.returncode == EXIT_REFUSED, (refused.stdout, refused.stderr)
+    assert f"refused: {reason}" in refused.stderr
+    # Not left in the store as if it held, nor written to the unit.
+    line.wait_points({(1, point): AT_START[point]})
+    assert line.point_writes(1, point) == []
+    raw = line.store_value("t01\\synced")
+    assert raw is not None
+    assert json.loads(raw)["refused"] == {
+        "point": point,
+        "value": value,
+        "version": json.loads(raw)["refused"]["version"],
+        "reason": reason,
+    }
+    # A value that keeps the deadband still goes through after it.
+    done = command(
+        line, "setpoint", "set", "t01", "26.0", "--point", "coolSetPoint", "--wait", "10"
+    )
+    assert done.returncode == 0, done.stderr
+    line.wait_units({(1, "coolSetPoint"): 26.0})
