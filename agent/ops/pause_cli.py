@@ -9,9 +9,11 @@ shows it (exit 6). On resume the active opens the line and reconciles every devi
 change made at a panel meanwhile is published, a change made in the store is applied, and
 where both changed, the one that reached the store last wins (as after a takeover).
 
-The command waits (--wait, 10 s) until the active says it has paused or resumed. Exit
-codes: 0 done, 1 already paused (or not paused), 4 the active did not confirm in time;
-connection settings and the other codes as for `agent store`.
+The command waits (--wait, 10 s) until the active says it has paused or resumed. A name no
+agent has reported is refused (--force to pause or resume it anyway, say for a line whose
+agents have not started yet). Exit codes: 0 done, 1 already paused (or not paused), 2 not a
+valid line or device name, 4 the active did not confirm in time, 7 a name no agent has
+reported; connection settings and the other codes as for `agent store`.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from agent.client.cli import (
 from agent.client.statestore import Condition, StateStoreClient
 from agent.ops import view
 from agent.ops.control import PauseNote, now_iso
-from agent.ops.keys import KeyTemplates, line_of
+from agent.ops.keys import KeyTemplates
+from agent.ops.names import EXIT_UNKNOWN, BadName, UnknownName, check_name
 from agent.ops.retained import Retained
+from agent.ops.target import find
 from agent.ops.watch import LineWatch
 
 
@@ -64,6 +68,7 @@ def _parser(subparsers: Any, name: str, help_text: str) -> argparse.ArgumentPars
         metavar="SECONDS",
         help="wait until the active confirms (10; 0: do not wait)",
     )
+    parser.add_argument("--force", action="store_true", help="act on a name no agent has reported")
     connection_options(parser)
     parser.set_defaults(func=run, pausing=name == "pause")
     return parser
@@ -75,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
     def check() -> None:
         if args.wait < 0:
             raise UsageError("--wait must not be negative")
+        try:
+            check_name(args.target)
+        except BadName as exc:
+            raise UsageError(str(exc)) from None
 
     templates = KeyTemplates()
     return run_one_shot(args, name, lambda client: pause(client, args, templates, name), check)
@@ -84,7 +93,14 @@ async def pause(
     client: StateStoreClient, args: argparse.Namespace, templates: KeyTemplates, name: str
 ) -> int:
     keys = templates.keys
-    line, was_device = await line_of(client, args.target, keys)
+    retained = Retained(client.session)
+    try:
+        target = await find(client, retained, templates, args.target, force=args.force)
+    except UnknownName as exc:
+        verb = "pause" if args.pausing else "resume"
+        print(f"{name}: {exc}; --force to {verb} it anyway", file=sys.stderr)
+        return EXIT_UNKNOWN
+    line = target.line
     key = keys.of_line("paused", line)
     if args.pausing:
         note = PauseNote(f"{getpass.getuser()}@{socket.gethostname()}", now_iso(), args.reason)
@@ -101,10 +117,7 @@ async def pause(
     if args.wait == 0:
         print(f"line {line} {done} (not waiting for the active)")
         return EXIT_OK
-    watch = LineWatch(
-        client, Retained(client.session), keys, templates.health, line,
-        args.target if was_device else None,
-    )  # fmt: skip
+    watch = LineWatch(client, retained, keys, templates.health, line, target.device)
     await watch.start()
     deadline = time.monotonic() + args.wait
     while True:

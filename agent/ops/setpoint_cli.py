@@ -6,10 +6,12 @@ value against the unit's limits when the active has published them (in the devic
 record), fences the write with the line's lock (`<line>\\lock`), and with `--wait` waits
 until the active has applied it (its sync record shows the write's version) or refused it
 (the record says why). `--point mode` (or heatSetPoint, coolSetPoint, fan, occupied) writes
-another point of a unit with a profile. Connection settings as for `agent store`. Exit codes:
-0 done, 1 no agent serves the device (or nobody is active), 2 usage, 3 service error,
-4 connection failure or timeout, 5 refused: the unit cannot take the value (its limits, its
-choices, the deadband between heating and cooling), said with why.
+another point of a unit with a profile. A device no agent has reported is refused, with
+close matches (--force to try it anyway). Connection settings as for `agent store`. Exit
+codes: 0 done, 1 no agent serves the device (or nobody is active), 2 usage (a device name
+the agent would not take included), 3 service error, 4 connection failure or timeout,
+5 refused: the unit cannot take the value (its limits, its choices, the deadband between
+heating and cooling), said with why, 7 a device no agent has reported.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ from agent.client.cli import (
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.controller import points
 from agent.controller.points import WRITABLE, InvalidValue
+from agent.ops import target
 from agent.ops.keys import DeviceKeys, KeyTemplates, NoActive, NoLine, fenced_set, find
+from agent.ops.names import EXIT_UNKNOWN, BadName, UnknownName, check_name
+from agent.ops.retained import Retained
 from agent.protocol.hlc import Hlc
 from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
 
@@ -55,6 +60,7 @@ def register(subparsers: Any) -> None:
         choices=WRITABLE,
         help="which point (default setPoint; the others need a unit with a profile)",
     )
+    point.add_argument("--force", action="store_true", help="try a device no agent has reported")
     commands = parser.add_subparsers(dest="setpoint_command", metavar="COMMAND", required=True)
     get = commands.add_parser("get", parents=[shared, point], help="print the value in the store")
     get.add_argument("device")
@@ -82,14 +88,35 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     def check() -> None:
+        try:
+            check_name(args.device, "device")
+        except BadName as exc:
+            raise UsageError(str(exc)) from None
         if args.setpoint_command == "set":
             try:
                 points.parse(points.point(args.point), args.value.encode())
             except InvalidValue as exc:
                 raise UsageError(str(exc)) from None
 
-    keys = KeyTemplates().keys
-    return run_one_shot(args, NAME, lambda c: args.setpoint_func(c, args, keys), check)
+    templates = KeyTemplates()
+
+    async def work(client: StateStoreClient) -> int:
+        try:
+            await target.find(
+                client,
+                Retained(client.session),
+                templates,
+                args.device,
+                force=args.force,
+                devices_only=True,
+            )
+        except UnknownName as exc:
+            print(f"{NAME}: {exc}; --force to try it anyway", file=sys.stderr)
+            return EXIT_UNKNOWN
+        code: int = await args.setpoint_func(client, args, templates.keys)
+        return code
+
+    return run_one_shot(args, NAME, work, check)
 
 
 def _key(found: DeviceKeys, point: str, keys: Any) -> str:

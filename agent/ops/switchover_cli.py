@@ -9,8 +9,10 @@ request. If nobody takes over in time (exit 4), the request is withdrawn and the
 active takes the lock back after its grace period.
 
 Refused (exit 1) when nobody holds the lock, when --to names the active itself or an
-instance that is not a standby up (its heartbeat), or when no standby is up (--force to ask
-anyway). Connection settings and exit codes as for `agent store`.
+instance that is not a standby up (its heartbeat), or when no standby is up; refused with
+exit 7 for a line or device no agent has reported, 2 for one that is not a valid name
+(--force to ask anyway, but for an invalid name). Connection settings and the other exit
+codes as for `agent store`.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from agent.client.lock import holder_instance
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.ops import view
 from agent.ops.control import SwitchoverRequest, now_iso
-from agent.ops.keys import KeyTemplates, line_of
+from agent.ops.keys import KeyTemplates
+from agent.ops.names import EXIT_UNKNOWN, BadName, UnknownName, check_name
 from agent.ops.retained import Retained
+from agent.ops.target import find
 from agent.ops.watch import LineWatch
 
 NAME = "agent switchover"
@@ -59,7 +63,9 @@ def register(subparsers: Any) -> None:
         help="how long to wait for the new holder (10); the request expires after it",
     )
     parser.add_argument(
-        "--force", action="store_true", help="ask even when no standby reports being up"
+        "--force",
+        action="store_true",
+        help="ask even when no standby reports being up, or for a name no agent has reported",
     )
     connection_options(parser)
     parser.set_defaults(func=run)
@@ -69,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
     def check() -> None:
         if args.wait <= 0:
             raise UsageError("--wait must be positive")
+        try:
+            check_name(args.target)
+        except BadName as exc:
+            raise UsageError(str(exc)) from None
 
     templates = KeyTemplates()
     return run_one_shot(args, NAME, lambda client: switchover(client, args, templates), check)
@@ -83,11 +93,13 @@ async def switchover(
     client: StateStoreClient, args: argparse.Namespace, templates: KeyTemplates
 ) -> int:
     keys = templates.keys
-    line, was_device = await line_of(client, args.target, keys)
-    watch = LineWatch(
-        client, Retained(client.session), keys, templates.health, line,
-        args.target if was_device else None,
-    )  # fmt: skip
+    retained = Retained(client.session)
+    try:
+        target = await find(client, retained, templates, args.target, force=args.force)
+    except UnknownName as exc:
+        return _fail(f"{exc}; --force to ask anyway", EXIT_UNKNOWN)
+    line = target.line
+    watch = LineWatch(client, retained, keys, templates.health, line, target.device)
     await watch.start()
     report = view.assess(await watch.read(), time.time())
     if report.holder is None:

@@ -132,3 +132,30 @@ def wait_in_sync(topics: Topics, devices: list[str], by: str | None = None) -> N
     for device in devices:
         topic = f"devices/{device}/status"
         topics.wait(topic, synced, after=max(0, topics.count(topic) - 1))
+
+
+def report(rig: Rig, line: str, instance: str, devices: list[str], **changes: Any) -> None:
+    """A retained health document as an agent of `line` publishes it (without an agent:
+    what the operator commands read of the agents), acknowledged by the broker."""
+    document = {
+        "status": "up",
+        "pid": 4242,
+        "host": "gw-test",
+        "time": time.time(),
+        "line": line,
+        "instance": instance,
+        "role": "standby",
+        "state": "running",
+        "paused": False,
+        "ttl_ms": 1500,
+        "heartbeat_s": 5.0,
+        "devices": devices,
+    }
+    document.update(changes)
+    publish_retained(rig, health_topic(line, instance), json.dumps(document).encode())
+
+
+def publish_retained(rig: Rig, topic: str, payload: bytes) -> None:
+    info = rig.client.client.publish(topic, payload, qos=1, retain=True)
+    info.wait_for_publish(TIMEOUT)
+    assert info.is_published(), f"no PUBACK for {topic} within {TIMEOUT} s"

@@ -88,7 +88,9 @@ def test_switchover_to_a_named_standby(line: LineRig, topics: Topics) -> None:
 
 
 def test_switchover_refuses_what_it_cannot_do(line: LineRig, topics: Topics) -> None:
-    nobody = command(line, "switchover", LINE)
+    unknown = command(line, "switchover", LINE)
+    assert unknown.returncode == 7 and "no agent has reported" in unknown.stderr
+    nobody = command(line, "switchover", LINE, "--force")
     assert nobody.returncode == 1 and "nobody holds the lock" in nobody.stderr
     line.start_active("a")
     topics.wait(health_topic(LINE, "a"), lambda d: d["role"] == "active")
