@@ -36,6 +36,9 @@ from agent.runtime.notify import Notifier
 
 SIMULATED_DEVICE = "thermostat-1"
 SIMULATED_LINE = "floor-1"
+SIMULATED_PROFILE = "sim"
+MAX_SIMULATED_UNITS = 247  # the addresses of a line
+EXIT_USAGE = 2  # as argparse exits for a flag it cannot parse
 # Where systemd looks up LoadCredential=NAME:agent.<device>.NAME (a name, not a path).
 CREDENTIAL_STORES = (Path("/etc/credstore"), Path("/run/credstore"), Path("/usr/lib/credstore"))
 
@@ -94,9 +97,9 @@ def build_parser(subcommands: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser.add_argument(
         "--units",
         type=int,
-        default=0,
         metavar="N",
-        help="with --simulate: a whole line of N thermostats (addresses 1..N) instead of one",
+        help="with --simulate: a whole line of N thermostats (addresses 1..N, N from 1 to "
+        f"{MAX_SIMULATED_UNITS}) instead of one",
     )
     parser.add_argument(
         "--print-config", action="store_true", help="print the effective settings and exit"
@@ -154,20 +157,28 @@ def load_settings(args: argparse.Namespace) -> AgentSettings:
                 ("AGENT_LINE_ID", "line_id"),
             )
         )
+        # The simulated units are whole thermostats: their devices name the built-in
+        # profile `sim`, so that every point is kept both ways (a device that names a
+        # profile is one listed in AGENT_DEVICES; one alone on a line of its own name is
+        # the single device AGENT_DEVICE_ID would make).
         if not line_given and args.units:
             flags["line_id"] = SIMULATED_LINE
-            flags["devices"] = ",".join(
-                f"{SIMULATED_LINE}-t{n:02d}@{n}" for n in range(1, args.units + 1)
-            )
+            flags["devices"] = [
+                {"id": f"{SIMULATED_LINE}-t{n:02d}", "address": n, "profile": SIMULATED_PROFILE}
+                for n in range(1, args.units + 1)
+            ]
         elif not line_given:
-            flags["device_id"] = SIMULATED_DEVICE
+            flags["line_id"] = SIMULATED_DEVICE
+            flags["devices"] = [{"id": SIMULATED_DEVICE, "profile": SIMULATED_PROFILE}]
         if not _configured("AGENT_INSTANCE_ID", flags, "instance_id"):
             flags["instance_id"] = "a"
         if not _configured("AGENT_STATE_DIR", flags, "state_dir") and not os.environ.get(
             "STATE_DIRECTORY"
         ):
             flags["state_dir"] = tempfile.mkdtemp(prefix="agent-simulate-")
-    settings = AgentSettings(_env_file=args.env_file, **flags)  # type: ignore[call-arg]
+    settings = AgentSettings(  # type: ignore[call-arg]
+        _env_file=args.env_file, _env_file_encoding="utf-8", **flags
+    )
     if not args.simulate and not settings.serial.url:
         raise ConfigError(
             "AGENT_SERIAL__URL (serial.url): required: a device path such as "
@@ -180,16 +191,58 @@ class ConfigError(Exception):
     pass
 
 
+def env_file_problem(path: Path) -> str | None:
+    """Why ``--env-file path`` cannot be read as settings, or None when it can.
+
+    A regular file of UTF-8 text, or the null device (an empty file: ``--env-file /dev/null``
+    says "no settings from a file"). Anything else (a directory, a FIFO, which would block
+    the start) is refused here, so that the error names the flag rather than ending in a
+    traceback from the reader.
+    """
+    try:
+        if not path.exists():
+            return "no such file"
+        if path.resolve() == Path(os.devnull):
+            return None
+        if not path.is_file():
+            return "not a regular file (an env file of NAME=value lines is)"
+        path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})"
+    return None
+
+
 def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
     parser = build_parser(subcommands)
     args = parser.parse_args(argv)
-    if (args.pair or args.units or args.status) and not args.simulate:
-        parser.error("--pair, --units and --status work with --simulate")
-    if not 0 <= args.units <= 247:
-        parser.error("--units: a line has 1 to 247 addresses")
-    if args.env_file is not None and not args.env_file.is_file():
-        logs.console_error(f"agent: --env-file {args.env_file}: no such file")
-        return EXIT_CONFIG
+    # One line each, not argparse's usage: the usage of every setting flag hides the reason.
+    simulation_only = [
+        flag
+        for flag, given in (
+            ("--pair", args.pair),
+            ("--units", args.units is not None),
+            ("--status", args.status),
+        )
+        if given
+    ]
+    if simulation_only and not args.simulate:
+        logs.console_error(
+            f"agent: {' and '.join(simulation_only)}: only with --simulate (add --simulate)"
+        )
+        return EXIT_USAGE
+    if args.units is not None and not 1 <= args.units <= MAX_SIMULATED_UNITS:
+        logs.console_error(
+            f"agent: --units {args.units}: a line has 1 to {MAX_SIMULATED_UNITS} thermostats "
+            "(leave --units out for one)"
+        )
+        return EXIT_USAGE
+    if args.env_file is not None:
+        problem = env_file_problem(args.env_file)
+        if problem is not None:
+            logs.console_error(f"agent: --env-file {args.env_file}: {problem}")
+            return EXIT_CONFIG
     try:
         settings = load_settings(args)
         if args.print_config:

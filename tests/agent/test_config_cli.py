@@ -81,6 +81,51 @@ def test_missing_env_file_exits_78(tmp_path: Path) -> None:
     assert "--env-file" in result.stderr and str(missing) in result.stderr
 
 
+def test_the_null_device_is_an_empty_env_file() -> None:
+    """Was: "--env-file /dev/null: no such file" (exit 78)."""
+    config = printed_config("--env-file", os.devnull, env=BASE)
+    assert config["derived"]["line_id"] == BASE["AGENT_DEVICE_ID"]
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        pytest.param(lambda path: path.mkdir(), "not a regular file", id="directory"),
+        pytest.param(
+            lambda path: path.write_bytes(b"AGENT_INSTANCE_ID=a\n\xff\n"), "not UTF-8", id="binary"
+        ),
+    ],
+)
+def test_an_env_file_that_cannot_be_read_names_the_flag_and_the_file(
+    tmp_path: Path, make: Any, reason: str
+) -> None:
+    """Was: a non-UTF-8 file ended in a UnicodeDecodeError traceback."""
+    env_file = tmp_path / "agent.env"
+    make(env_file)
+    result = run_agent("--env-file", str(env_file), env=BASE)
+    assert result.returncode == EXIT_CONFIG, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"agent: --env-file {env_file}: {reason}"), line
+
+
+@pytest.mark.parametrize("units", ["0", "-1", "248"])
+def test_a_simulated_line_of_no_thermostat_is_refused_in_one_line(units: str) -> None:
+    """Was: --simulate --units 0 ran a single thermostat."""
+    result = run_agent("--simulate", "--units", units)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"agent: --units {units}: a line has 1 to 247 thermostats (leave --units out for one)"
+    ]
+
+
+def test_a_simulation_flag_without_simulate_is_said_in_one_line() -> None:
+    result = run_agent("--units", "3", "--status", env=BASE)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "agent: --units and --status: only with --simulate (add --simulate)"
+    ]
+
+
 def test_invalid_secret_setting_does_not_echo_the_secret() -> None:
     # A password without a user name is refused; the message must not quote it.
     result = run_agent(env={**BASE, "AGENT_MQTT__PASSWORD": SECRET})
