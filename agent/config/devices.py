@@ -83,7 +83,12 @@ def parse_devices(value: object) -> object:
         return value
     text = value.strip()
     if not text:
-        return None
+        # Set but empty (`AGENT_DEVICES=` in an env file, a template with no devices): not
+        # the same as left out, which makes the line's id a single device of that name.
+        raise ValueError(
+            "empty: list the line's devices as id@address, e.g. floor3-t01@1,floor3-t02@2 "
+            "(or leave it out and set AGENT_DEVICE_ID for a single device)"
+        )
     if text.startswith("["):
         try:
             return json.loads(text)

@@ -207,6 +207,9 @@ def run_agent(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
         ("t01@248", "less than or equal to 247"),
         ("t01", "expected id@address"),
         ('[{"id": "t01", "address": 1, "modbus": {"scale": -1}}]', "greater than 0"),
+        # Was: taken for left out, and the line's id served as a phantom single device.
+        ("", "empty: list the line's devices"),
+        (" ", "empty: list the line's devices"),
     ],
 )
 def test_devices_that_make_no_sense_are_refused_at_start(devices: str, message: str) -> None:
