@@ -33,7 +33,7 @@ from agent.controller.driver import Driver
 from agent.controller.line_driver import LineDriver
 from agent.controller.modbus_driver import ModbusDriver
 from agent.controller.timing import cycle_s
-from tests.bench.footprint import cpu_seconds, rss_kb
+from tests.bench.footprint import rss_kb
 from tests.bench.line_cells import (
     FAST_POLL_S,
     PORT_KINDS,
@@ -41,6 +41,7 @@ from tests.bench.line_cells import (
     Cell,
     CellRig,
     Table,
+    cpu_time,
     load_average,
     median,
     ms,
@@ -85,9 +86,9 @@ class Measured:
             self.logged_s = int(logged.group(1)) / 1000
             time.sleep(0.5)
             since = rig.last_seq()
-            cpu0, t0 = cpu_seconds(agent.proc.pid), time.monotonic()
+            cpu0, t0 = cpu_time(agent.proc.pid), time.monotonic()
             time.sleep(max(min_s, cycles * self.computed))
-            self.cpu = (cpu_seconds(agent.proc.pid) - cpu0) / (time.monotonic() - t0)
+            self.cpu = (cpu_time(agent.proc.pid) - cpu0) / (time.monotonic() - t0)
             self.rss_mb = rss_kb(agent.proc.pid) / 1024
             agent.drain()
             records = [r for r in rig.records() if r.seq > since]

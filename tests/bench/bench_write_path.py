@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.controller import line_protocol as lp
-from tests.bench.footprint import cpu_seconds, rss_kb
+from tests.bench.footprint import rss_kb
 from tests.bench.line_cells import (
     FAST_POLL_S,
     PROTOCOLS,
@@ -50,6 +50,7 @@ from tests.bench.line_cells import (
     Cell,
     CellRig,
     Table,
+    cpu_time,
     load_average,
     median,
     ms,
@@ -241,12 +242,12 @@ def measure(directory: Path, cell: Cell, mode: str, master: str, args: argparse.
         time.sleep(2.0)  # a dead unit found out, the first cycles behind
         run.rtts = store_round_trips(rig, 50)
         if cell.units == 32 and args.quiet_s > 0:
-            cpu0, t0 = cpu_seconds(process_pid), time.monotonic()
+            cpu0, t0 = cpu_time(process_pid), time.monotonic()
             time.sleep(args.quiet_s)
-            run.cpu_quiet = (cpu_seconds(process_pid) - cpu0) / (time.monotonic() - t0)
+            run.cpu_quiet = (cpu_time(process_pid) - cpu0) / (time.monotonic() - t0)
         rng = random.Random(f"{cell}-{mode}")
         addresses = [a for a in range(1, cell.units + 1) if not (dead and a == DEAD_UNIT)]
-        cpu0, t0, seq0 = cpu_seconds(process_pid), time.monotonic(), rig.last_seq()
+        cpu0, t0, seq0 = cpu_time(process_pid), time.monotonic(), rig.last_seq()
         for index in range(args.changes):
             time.sleep(rng.uniform(0.05, 0.25))  # at any moment of the cycle
             address = rng.choice(addresses)
@@ -262,7 +263,7 @@ def measure(directory: Path, cell: Cell, mode: str, master: str, args: argparse.
             if agent is not None and index % 10 == 9:
                 agent.drain()
         window = time.monotonic() - t0
-        run.cpu_changes = (cpu_seconds(process_pid) - cpu0) / window
+        run.cpu_changes = (cpu_time(process_pid) - cpu0) / window
         run.changes_per_s = args.changes / window
         busy = rig.background.call(lambda: [r.busy_s for r in rig.device.records_since(seq0)])
         run.line_busy = sum(busy) / window
@@ -366,7 +367,7 @@ def main() -> None:
         "--modes", default="fast,1s,dead,dead-1s", help="fast, 1s, dead (flat out), dead-1s"
     )
     parser.add_argument("--changes", type=int, default=40, help="remote changes per run")
-    parser.add_argument("--quiet-s", type=float, default=6.0, help="quiet CPU window at N=32")
+    parser.add_argument("--quiet-s", type=float, default=10.0, help="quiet CPU window at N=32")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--peer-timeout-s", type=float, default=0.3)
     parser.add_argument("--peer-retries", type=int, default=3)
