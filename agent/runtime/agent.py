@@ -33,7 +33,7 @@ from agent.runtime.clock_guard import ClockStepDetector
 from agent.runtime.control import LineControl
 from agent.runtime.driving import ActiveLine
 from agent.runtime.health import DeviceView, Health, InstanceView
-from agent.runtime.health_http import HealthEndpoint
+from agent.runtime.health_http import HealthEndpoint, unusable_setting
 from agent.runtime.line import device_profile, make_driver, warn_about
 from agent.runtime.notify import Notifier
 from agent.runtime.reports import LineRate, device_snapshot, line_snapshot
@@ -127,6 +127,9 @@ class Agent:
             log.error("invalid setting AGENT_SERIAL (serial): %s", exc)
             return EXIT_CONFIG
         warn_about(s, self._driver)
+        # Before the broker: a port it cannot listen on is said at start, not after a wait.
+        if not await self._start_endpoint():
+            return EXIT_CONFIG
         self.notifier.status("connecting to the broker")
         try:
             self.session = Session(s.mqtt, client_id=self.client_id, will=self.health.will())
@@ -220,7 +223,6 @@ class Agent:
             log.info("started as %s", self.role.value)
             self._add_periodic_jobs()
             self._spawn(self.health.run())
-            await self._start_endpoint()
             if self.notifier.watchdog_interval_s:
                 self._spawn(self._watchdog(self.notifier.watchdog_interval_s))
             await stop.wait()
@@ -653,20 +655,29 @@ class Agent:
     def _status_words(self) -> str:
         return self.health.words()
 
-    async def _start_endpoint(self) -> None:
+    async def _start_endpoint(self) -> bool:
+        """Listens when a port is set; False (said) when it cannot."""
         settings = self.settings.health
         if settings.port is None:
-            return
+            return True
         endpoint = HealthEndpoint(settings.host, settings.port, self.health.instance_document)
         try:
             host, port = await endpoint.start()
         except OSError as exc:
+            name = unusable_setting(exc)
             log.error(
-                "health endpoint: cannot listen on %s:%d: %s", settings.host, settings.port, exc
+                "invalid setting AGENT_HEALTH__%s (health.%s): the health endpoint cannot "
+                "listen on %s:%d: %s",
+                name.upper(),
+                name,
+                settings.host,
+                settings.port,
+                exc.strerror or exc,
             )
-            return
+            return False
         self._endpoint = endpoint
         log.info("health endpoint at http://%s:%d/health", host, port)
+        return True
 
     def _spawn(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(work)

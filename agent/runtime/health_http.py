@@ -11,14 +11,17 @@ Patroni's REST API: the status code says it, the body (JSON) says more.
 
 GET, HEAD and OPTIONS; anything else is 405, an unknown path 404. Off unless
 `AGENT_HEALTH__PORT` is set; it listens on loopback unless `AGENT_HEALTH__HOST` says
-otherwise. Plain asyncio: a request line and headers of at most 8 KiB, read within 5 s, at
-most 16 connections at once (more are closed at once), one answer each, then closed.
+otherwise, from the start (before the broker is reached: 503 but for /liveness until the
+role is known), and an address it cannot listen on is a setting error. Plain asyncio: a
+request line and headers of at most 8 KiB, read within 5 s, at most 16 connections at once
+(more are closed at once), one answer each, then closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 from collections.abc import Callable
@@ -56,6 +59,13 @@ def status_for(path: str, document: dict[str, Any]) -> int:
     else:
         return 404
     return 200 if ok else 503
+
+
+def unusable_setting(error: OSError) -> str:
+    """Which setting a failure to listen is about: `port` when the port is taken (or
+    privileged), else `host` (not an address of this machine, or a name that does not
+    resolve)."""
+    return "port" if error.errno in (errno.EADDRINUSE, errno.EACCES) else "host"
 
 
 class HealthEndpoint:

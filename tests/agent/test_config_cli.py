@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,27 @@ def test_a_simulation_flag_without_simulate_is_said_in_one_line() -> None:
     assert result.stderr.splitlines() == [
         "agent: --units and --status: only with --simulate (add --simulate)"
     ]
+
+
+def test_a_health_port_in_use_exits_78_at_start_naming_its_variable(tmp_path: Path) -> None:
+    """Was: logged once the agent had a role, and the agent ran on without its endpoint.
+    Now said before any broker is reached (none listens on this one)."""
+    with socket.socket() as taken, socket.socket() as no_broker:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        no_broker.bind(("127.0.0.1", 0))  # bound, never listening: refuses connections
+        env = {
+            **BASE,
+            "AGENT_STATE_DIR": str(tmp_path),
+            "AGENT_MQTT__HOST": "127.0.0.1",
+            "AGENT_MQTT__PORT": str(no_broker.getsockname()[1]),
+            "AGENT_HEALTH__PORT": str(taken.getsockname()[1]),
+        }
+        result = run_agent(env=env)
+    assert result.returncode == EXIT_CONFIG, result.stderr
+    assert "invalid setting AGENT_HEALTH__PORT (health.port)" in result.stderr
+    assert f"cannot listen on 127.0.0.1:{env['AGENT_HEALTH__PORT']}" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_invalid_secret_setting_does_not_echo_the_secret() -> None:
