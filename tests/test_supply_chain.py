@@ -15,6 +15,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from tests.support.audit import Verdict, audit, judge
+from tests.support.processes import AgentProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements.lock"
@@ -128,3 +129,22 @@ def test_audit_of_the_lock() -> None:
             f"dependency audit not possible, the advisory service is unreachable: {verdict.detail}"
         )
     assert verdict.kind == "clean", f"dependency audit of requirements.lock: {verdict.detail}"
+
+
+def test_the_agent_drives_a_modbus_line_without_pymodbus(tmp_path: Path) -> None:
+    """The deployed environment has no pymodbus (the driver's codec is our own): an agent
+    whose every import of it fails still serves a Modbus line, and no message blames a
+    missing module on the serial settings."""
+    blocker = tmp_path / "pymodbus"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text('raise ImportError("no pymodbus in this environment")\n')
+    process = AgentProcess(
+        ["--simulate"],
+        {"AGENT_SERIAL__DRIVER": "modbus", "PYTHONPATH": str(tmp_path)},
+        merge_stderr=True,
+    )
+    try:
+        process.wait_for(re.compile(r"published set point \d"), timeout=30)
+    finally:
+        assert process.stop() == 0, process.tail()
+    assert not any("AGENT_SERIAL" in line for line in process.lines), process.tail()

@@ -123,7 +123,7 @@ class Agent:
             # Made once, at start: a setting the driver cannot use is a configuration error
             # now, not at the first takeover, and a takeover does not wait for it.
             self._driver = self._driver_factory(s)
-        except (ValueError, ImportError) as exc:
+        except ValueError as exc:
             log.error("invalid setting AGENT_SERIAL (serial): %s", exc)
             return EXIT_CONFIG
         warn_about(s, self._driver)
