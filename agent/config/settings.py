@@ -233,7 +233,12 @@ def resolve_line(settings: AgentSettings) -> Line:
                 "AGENT_LINE_ID (line_id): required with AGENT_DEVICES: the line's name, "
                 "the same on both gateways"
             )
-        return Line(settings.line_id, tuple(devices), single=False)
+        # One unaddressed device on a line of its own name is the single device that
+        # AGENT_DEVICE_ID makes (its keys and lock are the same), listed so as to name its
+        # profile: said as a device, not as a line of one.
+        alone = len(devices) == 1 and devices[0].address is None
+        single = alone and devices[0].id == settings.line_id
+        return Line(settings.line_id, tuple(devices), single=single)
     device_id = settings.device_id or settings.line_id
     if device_id is None:
         raise LineConfigError(

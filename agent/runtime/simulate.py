@@ -1,9 +1,12 @@
 """`agent --simulate`: the whole thing on one machine.
 
 A fake line (on TCP, as a serial device server would share it with a pair): one controller,
-or with `--units N` a whole multi-drop line of them; an embedded state store unless a broker
-is configured; and the agent (two with --pair). With `--status`, the line's status redrawn
-in place (agent.runtime.simulate_view) instead of the log.
+or with `--units N` a whole multi-drop line of them, each a whole thermostat that the devices
+the simulation configures describe with the built-in profile `sim` (every point kept both
+ways); an embedded state store unless a broker is configured; and the agent (two with
+--pair). With `--status`, the line's status redrawn in place (agent.runtime.simulate_view)
+instead of the log. What to try is printed first: a set point and a mode changed in the store
+and at the front panel.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ async def simulate(
         settings = settings.model_copy(update={"mqtt": mqtt})
     addresses = [d.address for d in settings.line.devices if d.address is not None]
     modbus = settings.serial.driver == "modbus"
+    if modbus and not addresses:
+        # A single Modbus device is asked at the unit id the settings give it.
+        addresses = [settings.serial.modbus_unit_id]
     device = FakeLine(addresses=addresses or None, modbus=modbus)
     await device.start(tcp_port=0, panel_port=0)
     serial = settings.serial.model_copy(update={"url": device.tcp_url})
@@ -47,30 +53,7 @@ async def simulate(
         other = settings.model_copy(update={"instance_id": settings.instance_id + "-standby"})
         instances.append(other)
 
-    host, port = settings.mqtt.host, settings.mqtt.port
-    first = settings.line.devices[0]
-    key = settings.key("setpoint", first.id).replace("'", "'\\''")
-    panel_host, panel_port = device.panel_url.removeprefix("tcp://").rsplit(":", 1)  # type: ignore[union-attr]
-    at = "" if first.address is None else f"@{first.address} "
-    devices = ", ".join(
-        d.id if d.address is None else f"{d.id} (@{d.address})" for d in settings.line.devices
-    )
-    line = settings.line.id
-    hints = [
-        f"state store  mqtt://{host}:{port}" + (" (embedded)" if emulator is not None else ""),
-        f"line         {line}: {devices}",
-        f"front panel  {device.panel_url}",
-        f"device line  {device.tcp_url}",
-        "",
-        "From another terminal: change a set point in the store,",
-        f"  export AGENT_MQTT__HOST={host} AGENT_MQTT__PORT={port}",
-        f"  agent setpoint set {first.id} 22.5 --wait 5",
-        "or at the device's front panel:",
-        f"  printf '{at}PANEL SP 23.5\\r\\n' > /dev/tcp/{panel_host}/{panel_port}",
-        f"watch the pair: agent status {line} --watch; or the store: agent store watch '{key}'",
-        f"hand over: agent switchover {line}; maintenance: agent pause {line}, agent resume",
-        "Stop with Ctrl-C.",
-    ]
+    hints = simulation_hints(settings, device, embedded=emulator is not None)
     if not status:
         print("\n".join(hints) + "\n", flush=True)
     try:
@@ -89,3 +72,59 @@ async def simulate(
             await emulator.stop()
     sys.stdout.flush()
     return max(results, default=0)
+
+
+def simulation_hints(settings: AgentSettings, device: FakeLine, *, embedded: bool) -> list[str]:
+    """What to try, printed before the log (or under the status view): the first device's
+    set point changed in the store and at the panel, and with a profile another point too
+    (its mode), both ways."""
+    host, port = settings.mqtt.host, settings.mqtt.port
+    first = settings.line.devices[0]
+    profile = first.resolved_profile
+    key = settings.key("setpoint", first.id).replace("'", "'\\''")
+    panel_host, panel_port = device.panel_url.removeprefix("tcp://").rsplit(":", 1)  # type: ignore[union-attr]
+    # The panel names a unit by its address on an addressed line (a single Modbus
+    # device's unit id too).
+    address = device.units[0].address if first.address is None else first.address
+    at = "" if address is None else f"@{address} "
+    panel = f"> /dev/tcp/{panel_host}/{panel_port}"
+    devices = ", ".join(
+        d.id if d.address is None else f"{d.id} (@{d.address})" for d in settings.line.devices
+    )
+    line = settings.line.id
+    hints = [
+        f"state store  mqtt://{host}:{port}" + (" (embedded)" if embedded else ""),
+        f"line         {line}: {devices}",
+        f"front panel  {device.panel_url}",
+        f"device line  {device.tcp_url}",
+        "",
+    ]
+    if profile is None or "mode" not in profile.writable:
+        hints += [
+            "From another terminal: change a set point in the store,",
+            f"  export AGENT_MQTT__HOST={host} AGENT_MQTT__PORT={port}",
+            f"  agent setpoint set {first.id} 22.5 --wait 5",
+            "or at the device's front panel:",
+            f"  printf '{at}PANEL SP 23.5\\r\\n' {panel}",
+        ]
+    else:
+        mode_key = settings.point_key("mode", first.id).replace("'", "'\\''")
+        hints += [
+            "The agent keeps each thermostat's set point, heating and cooling set points,",
+            f"mode, fan and occupancy in sync (profile {profile.name}). From another terminal,",
+            "change one in the store,",
+            f"  export AGENT_MQTT__HOST={host} AGENT_MQTT__PORT={port}",
+            f"  agent setpoint set {first.id} 22.5 --wait 5",
+            f"  agent setpoint set {first.id} cool --point mode --wait 5",
+            "or at the device's front panel (SP, H, C, M, F, O), and read it in the store:",
+            f"  printf '{at}PANEL SP 23.5\\r\\n' {panel}",
+            f"  printf '{at}PANEL M auto\\r\\n' {panel}",
+            f"  agent setpoint get {first.id} --point mode",
+        ]
+        key = f"{key}' '{mode_key}"
+    hints += [
+        f"watch the pair: agent status {line} --watch; or the store: agent store watch '{key}'",
+        f"hand over: agent switchover {line}; maintenance: agent pause {line}, agent resume",
+        "Stop with Ctrl-C.",
+    ]
+    return hints

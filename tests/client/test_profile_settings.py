@@ -97,6 +97,20 @@ def test_a_single_device_has_no_profile() -> None:
     assert found.line.profile("t1") is None
 
 
+def test_a_single_device_with_a_profile_is_listed_alone_on_a_line_of_its_name() -> None:
+    alone = AgentSettings(
+        line_id="t1", devices='[{"id": "t1", "profile": "sim"}]', serial={"url": "socket://h:1"}
+    )
+    assert alone.line.single and alone.line.profile("t1") is SIM
+    assert alone.lock_key == AgentSettings(device_id="t1", serial={"url": "h"}).lock_key
+    # Anything else listed is a line of devices, said as such.
+    for line_id, device in (("floor3", '{"id": "t1"}'), ("t1", '{"id": "t1", "address": 1}')):
+        listed = AgentSettings(
+            line_id=line_id, devices=f"[{device}]", serial={"url": "socket://h:1"}
+        )
+        assert not listed.line.single, (line_id, device)
+
+
 # --- profiles in files ----------------------------------------------------------------------
 
 
