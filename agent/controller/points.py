@@ -91,8 +91,21 @@ def encode(point: Point, value: PointValue) -> bytes:
     if point.kind is Kind.CHOICE:
         return str(value).encode()
     assert isinstance(value, int | float) and not isinstance(value, bool)
+    return number_text(value).encode()
+
+
+def number_text(value: float) -> str:
+    """A number as the store holds it, and as every view shows it beside the store's:
+    at least one decimal and at most three (`20.0`, `21.5`, `0.125`), so that one value
+    never reads `20.0` in one column and `20` in the next."""
     text = f"{value:.3f}".rstrip("0")
-    return (text + "0" if text.endswith(".") else text).encode()
+    return text + "0" if text.endswith(".") else text
+
+
+def stored_number_text(raw: bytes) -> str | None:
+    """A store value that is a decimal number, written as `number_text` writes it (`20`,
+    `20.0` and `20.00` all read `20.0`); None for anything else."""
+    return number_text(float(raw)) if _DECIMAL.fullmatch(raw) else None
 
 
 def parse(point: Point, raw: bytes) -> PointValue:

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from agent.client.lock import holder_instance
+from agent.controller.points import number_text, stored_number_text
 from agent.ops.control import PauseNote, SwitchoverRequest
 from agent.protocol.hlc import Hlc, HlcError
 
@@ -293,7 +294,15 @@ def age(seconds: float | None) -> str:
 
 
 def _value(value: float | None) -> str:
-    return "" if value is None else f"{value:g}"
+    return "" if value is None else number_text(value)
+
+
+def _stored(text: str | None) -> str:
+    """The store's value in the form the controller's is shown in, when it is a number
+    (the store's `20.00` beside the controller's `20.0` would read as a difference)."""
+    if text is None:
+        return ""
+    return stored_number_text(text.encode()) or text
 
 
 def table(title: str, headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -331,7 +340,7 @@ def render(report: Report) -> str:
         rows = [
             [
                 d.device,
-                d.store or "",
+                _stored(d.store),
                 _value(d.controller),
                 _value(d.temperature),
                 "" if d.in_sync is None else "yes" if d.in_sync else "no",

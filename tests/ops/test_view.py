@@ -193,3 +193,23 @@ def test_json_holds_everything_the_table_shows() -> None:
 )
 def test_ages(seconds: float | None, shown: str) -> None:
     assert view.age(seconds) == shown
+
+
+def test_a_set_point_reads_the_same_in_the_store_and_the_controller_columns() -> None:
+    """Was: the store's 20.0 beside the controller's 20, the same value."""
+    snapshot = healthy()
+    snapshot.devices["t01"] = DeviceSnapshot(b"20.0", device_status("t01", setpoint=20.0))
+    snapshot.devices["t02"] = DeviceSnapshot(b"20.00", device_status("t02", setpoint=20))
+    text = view.render(view.assess(snapshot, NOW))
+    for device in DEVICES:
+        [row] = [line for line in text.splitlines() if line.startswith(f"| {device} ")]
+        store, controller = (cell.strip() for cell in row.split("|")[2:4])
+        assert (store, controller) == ("20.0", "20.0"), row
+
+
+def test_a_store_value_that_is_no_number_is_shown_as_it_is() -> None:
+    snapshot = healthy()
+    snapshot.devices["t01"] = DeviceSnapshot(b"warm", device_status("t01"))
+    text = view.render(view.assess(snapshot, NOW))
+    [row] = [line for line in text.splitlines() if line.startswith("| t01 ")]
+    assert row.split("|")[2].strip() == "warm"
