@@ -71,11 +71,20 @@ def write_intervals(settings: AgentSettings) -> dict[str, float]:
     }
 
 
+def line_cycle_s(driver: Driver, units: list[Unit]) -> float:
+    """A poll cycle's line time: every exchange that reads each unit once (a unit with a
+    profile may take a longer reply, or more than one read), at the line's timing."""
+    return sum(
+        cycle_s(driver.timing, 1, request, reply)
+        for unit in units
+        for request, reply in driver.poll_frames(unit)
+    )
+
+
 def warn_about(settings: AgentSettings, driver: Driver) -> float:
     """Logs what makes no sense on a real line; returns the cycle's line time."""
     devices = len(settings.line.devices)
-    request, reply = driver.poll_frame
-    cycle = cycle_s(driver.timing, devices, request, reply)
+    cycle = line_cycle_s(driver, make_units(settings))
     poll = settings.serial.poll_interval_s
     log.info(
         "line %s: %d device(s) at %d baud, a poll cycle takes %.0f ms of line time "

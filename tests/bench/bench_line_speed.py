@@ -29,10 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.controller.driver import Driver
+from agent.controller.driver import Driver, Unit
 from agent.controller.line_driver import LineDriver
 from agent.controller.modbus_driver import ModbusDriver
-from agent.controller.timing import cycle_s
+from agent.runtime.line import line_cycle_s
 from tests.bench.footprint import rss_kb
 from tests.bench.line_cells import (
     FAST_POLL_S,
@@ -66,7 +66,7 @@ def computed_cycle_s(cell: Cell) -> float:
         if cell.modbus
         else LineDriver("socket://127.0.0.1:1", **options)  # type: ignore[arg-type]
     )
-    return cycle_s(driver.timing, cell.units, *driver.poll_frame)
+    return line_cycle_s(driver, [Unit(f"t{n:02d}", n) for n in range(1, cell.units + 1)])
 
 
 class Measured:
