@@ -5,6 +5,7 @@ Connection settings come from the same environment variables as the agent
 flags; secrets come from files (--password-file, --key-password-file) or the environment.
 Exit codes: 0 done, 1 not applied or absent, 2 usage or settings, 3 service error,
 4 connection failure or timeout.
+How values and keys are printed: see VALUES_SHOWN (`agent store get --help`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ from agent.protocol.hlc import Hlc, HlcError
 EXIT_OK, EXIT_NOT_APPLIED, EXIT_USAGE, EXIT_SERVICE, EXIT_CONNECTION = 0, 1, 2, 3, 4
 
 
+VALUES_SHOWN = r"""A value (or key) is printed as it is when it is UTF-8 text of printable
+characters. Any other is printed escaped, the same way by every command: a backslash
+doubled, a tab, line feed or carriage return as \t, \n, \r, any other byte that is not part
+of a printable character as \xHH, any other character that is not printable as \uHHHH (or
+\UHHHHHHHH). --hex prints the bytes as hex; get --raw writes them as they are, without a
+line feed."""
+
+
 class UsageError(Exception):
     pass
 
@@ -51,10 +60,19 @@ def register(subparsers: Any) -> None:
     commands = parser.add_subparsers(dest="store_command", metavar="COMMAND", required=True)
 
     get = commands.add_parser(
-        "get", parents=[shared], help="print a key's value (exit 1 when absent)"
+        "get",
+        parents=[shared],
+        help="print a key's value (exit 1 when absent)",
+        description="Print a key's value (exit 1 when absent). " + VALUES_SHOWN,
     )
     get.add_argument("key")
-    get.add_argument("--hex", action="store_true", help="print the value as hex")
+    shown_as = get.add_mutually_exclusive_group()
+    shown_as.add_argument("--hex", action="store_true", help="print the value as hex")
+    shown_as.add_argument(
+        "--raw",
+        action="store_true",
+        help="write the value's bytes as they are, without a line feed (for a file or a pipe)",
+    )
     get.add_argument("--show-version", action="store_true", help="print the version too")
     get.set_defaults(store_func=_get)
 
@@ -89,7 +107,10 @@ def register(subparsers: Any) -> None:
     vdel.set_defaults(store_func=_vdel)
 
     watch = commands.add_parser(
-        "watch", parents=[shared], help="print every change of the keys until Ctrl-C"
+        "watch",
+        parents=[shared],
+        help="print every change of the keys until Ctrl-C",
+        description="Print every change of the keys until Ctrl-C. " + VALUES_SHOWN,
     )
     watch.add_argument("keys", nargs="+", metavar="key")
     watch.add_argument("--hex", action="store_true", help="print values as hex")
@@ -258,7 +279,35 @@ def _token(args: argparse.Namespace) -> Hlc | None:
 
 
 def _show(value: bytes, as_hex: bool) -> str:
-    return value.hex() if as_hex else value.decode(errors="backslashreplace")
+    return value.hex() if as_hex else show_value(value)
+
+
+# How a character that is not printable is escaped when it has a short form.
+_SHORT_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+_NOT_UTF8 = range(0xDC80, 0xDD00)  # a byte that is not UTF-8, as surrogateescape holds it
+
+
+def show_value(value: bytes) -> str:
+    """A store value (or key) in a line of text, as VALUES_SHOWN says: as it is
+    when it is UTF-8 text of printable characters, else escaped, the whole value the same
+    way (a control character is never written to the terminal as it is)."""
+    text = value.decode("utf-8", errors="surrogateescape")
+    if text.isprintable():
+        return text
+    shown = []
+    for char in text:
+        code = ord(char)
+        if code in _NOT_UTF8:
+            shown.append(f"\\x{code - 0xDC00:02x}")
+        elif char in _SHORT_ESCAPES:
+            shown.append(_SHORT_ESCAPES[char])
+        elif char.isprintable():
+            shown.append(char)
+        elif code < 0x80:
+            shown.append(f"\\x{code:02x}")
+        else:  # \xHH would read as a byte: a character says \u or \U
+            shown.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+    return "".join(shown)
 
 
 async def _main(args: argparse.Namespace, settings: MqttSettings) -> int:
@@ -322,9 +371,15 @@ async def with_client(
 
 
 async def _get(client: StateStoreClient, args: argparse.Namespace) -> int:
+    if args.raw and args.show_version:
+        raise UsageError("--raw writes the value alone: leave out --show-version")
     value, version = await client.get(args.key)
     if value is None:
         return EXIT_NOT_APPLIED
+    if args.raw:
+        sys.stdout.buffer.write(value)
+        sys.stdout.flush()
+        return EXIT_OK
     print(_show(value, args.hex) + (f"\t{version}" if args.show_version else ""))
     return EXIT_OK
 
@@ -383,7 +438,7 @@ async def _watch(client: StateStoreClient, args: argparse.Namespace) -> int:
     stop = _stop_event()
 
     def show(change: KeyChange) -> None:
-        key = change.key.decode(errors="backslashreplace")
+        key = show_value(change.key)
         value = "" if change.value is None else " " + _show(change.value, args.hex)
         print(f"{change.version or '-'} {change.kind} {key}{value}", flush=True)
 

@@ -28,6 +28,7 @@ from agent.client.cli import (
     UsageError,
     connection_options,
     run_one_shot,
+    show_value,
 )
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.controller import points
@@ -136,7 +137,7 @@ async def _get(client: StateStoreClient, args: argparse.Namespace, keys: Any) ->
     value, _ = await client.get(_key(found, args.point, keys))
     if value is None:
         return EXIT_NOT_APPLIED
-    print(value.decode(errors="backslashreplace"))
+    print(show_value(value))
     return EXIT_OK
 
 

@@ -68,6 +68,39 @@ def test_binary_values(emulator: dict[str, str]) -> None:
     assert store(emulator, "get", "cli-stdin").stdout == "from stdin\n"
 
 
+# NUL, a byte that is not UTF-8, CR, LF, ESC, "[", a backslash: as every command prints it.
+UNPRINTABLE, ESCAPED = "00ff0d0a1b5b5c", r"\x00\xff\r\n\x1b[\\"
+
+
+def test_a_value_that_is_not_printable_text_is_escaped_the_same_way_everywhere(
+    emulator: dict[str, str],
+) -> None:
+    """Was: a byte that is not UTF-8 escaped (\\xff), but NUL, CR, LF and ESC written to the
+    terminal as they are; watch the same, its keys another way."""
+    watcher = AgentProcess(["store", "watch", "cli-esc\tkey"], env=emulator)
+    try:
+        _wait_watching(watcher)
+        assert store(emulator, "set", "cli-esc\tkey", UNPRINTABLE, "--hex").returncode == 0
+        shown = watcher.wait_for(re.compile(r" SET (.*)$")).group(1)
+        assert shown == "cli-esc\\tkey " + ESCAPED
+    finally:
+        watcher.stop()
+    assert store(emulator, "get", "cli-esc\tkey").stdout == ESCAPED + "\n"
+    raw = subprocess.run(
+        [sys.executable, "-m", "agent", "store", "get", "cli-esc\tkey", "--raw"],
+        capture_output=True,
+        env={**os.environ, **emulator},
+        timeout=30,
+    )
+    assert raw.stdout == bytes.fromhex(UNPRINTABLE)
+
+
+def test_printable_text_is_printed_as_it_is(emulator: dict[str, str]) -> None:
+    for value in ("C:\\temp\\x41", "21,5 °C"):
+        assert store(emulator, "set", "cli-text", value).returncode == 0
+        assert store(emulator, "get", "cli-text").stdout == value + "\n"
+
+
 def test_fencing_token(emulator: dict[str, str]) -> None:
     token = store(emulator, "set", "cli-lock", "me", "--nex", "--px", "60000").stdout.strip()
     assert store(emulator, "set", "cli-fenced", "1", "--fencing-token", token).returncode == 0
