@@ -69,6 +69,19 @@ class FencingTokenLowerVersion(ServiceError):
     text = texts.FENCING_TOKEN_LOWER_VERSION
 
 
+class FencedByAnotherLock(StateStoreError):
+    """A fenced write refused while our lease is intact at the store: the key was last
+    written with a newer token of another lock (another line's, that serves the same
+    key). The key is not ours to write; our lock is not lost."""
+
+    def __init__(self, key: bytes, lock: bytes) -> None:
+        super().__init__(
+            f"{key.decode(errors='replace')} was last written under another lock than "
+            f"{lock.decode(errors='replace')} (another line serves it?)"
+        )
+        self.key = key
+
+
 class QuotaExceeded(ServiceError):
     text = texts.QUOTA_EXCEEDED
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from enum import Enum
 
-from agent.client.errors import FencingTokenLowerVersion
+from agent.client.errors import FencedByAnotherLock, FencingTokenLowerVersion
 from agent.client.statestore import ChangeHandler, Condition, SetResult, StateStoreClient
 from agent.protocol.hlc import Hlc
 
@@ -260,6 +260,11 @@ class LeasedLock:
                 and (self._unanswered_since is not None or current >= version)
             )
             if not explained:
+                if holder == self.holder and version == token and self.held:
+                    # The lock's version is still our token (read after the refusal):
+                    # no holder of this lock ever wrote with a newer one. Another lock's
+                    # holder did.
+                    raise FencedByAnotherLock(_bytes(key), self.key) from None
                 self._lose(LossReason.FENCED_WRITE_REJECTED)
                 raise
         assert version is not None and self._token is not None
@@ -337,3 +342,7 @@ class LeasedLock:
 
 class LockNotHeld(RuntimeError):
     pass
+
+
+def _bytes(key: bytes | str) -> bytes:
+    return key.encode() if isinstance(key, str) else key

@@ -93,6 +93,19 @@ class Leadership:
         # Run before contending again after a lease the store no longer had: looks for a
         # proof that the store kept its contents (see store_kept_its_contents).
         self.look_before_contending: Callable[[], Awaitable[None]] | None = None
+        self.taking_over_until: float | None = None
+        """While holding the lock and waiting for the previous lease to end: until when
+        (monotonic)."""
+        self._on_waiting: Callable[[], None] = lambda: None
+
+    def on_waiting(self, said: Callable[[], None]) -> None:
+        """`said()` when a takeover starts waiting out the previous lease (for health)."""
+        self._on_waiting = said
+
+    def taking_over_s(self) -> float | None:
+        """How long this instance still waits, holding the lock, before it drives."""
+        until = self.taking_over_until
+        return None if until is None else max(0.0, until - time.monotonic())
 
     # ------------------------------------------------------------------ state
 
@@ -184,7 +197,12 @@ class Leadership:
             wait = self.lock_delay.wait_s(time.monotonic())
             if wait > 0:
                 log.info("holding the lock; waiting %.1f s for the previous lease to end", wait)
-                await asyncio.sleep(wait)
+                self.taking_over_until = time.monotonic() + wait
+                self._on_waiting()
+                try:
+                    await asyncio.sleep(wait)
+                finally:
+                    self.taking_over_until = None
             if self.role is not Role.STANDBY or not self.lock.held or self.lock.epoch != epoch:
                 return  # lost meanwhile: the loss handler stepped down already
             self.role = Role.ACTIVE
@@ -331,6 +349,10 @@ class Leadership:
             self.lock_delay.seen_released(time.monotonic())
             if self.role is Role.STANDBY:
                 self._spawn(self.contend())  # take over now
+
+    def saw_holder(self, holder: bytes | None) -> None:
+        """The lock's holder, as read from the store (not a live notification)."""
+        self._saw_holder(holder, live=False)
 
     def _saw_holder(self, holder: bytes | None, *, live: bool) -> None:
         if holder is None or holder == self.holder:

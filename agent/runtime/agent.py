@@ -23,7 +23,8 @@ from agent.client.errors import NotAuthorized, StateStoreError
 from agent.client.lock import process_nonce
 from agent.client.session import ConnectionRefused, Session, SessionError, TlsSetupFailed
 from agent.client.statestore import KeyChange, StateStoreClient
-from agent.config import AgentSettings
+from agent.config import AgentSettings, variable_name
+from agent.config.fingerprint import config_hash
 from agent.controller.driver import Driver, PortClaim, PortTaken, is_device_path
 from agent.line.bus import Bus
 from agent.ops.control import SwitchoverRequest
@@ -32,11 +33,12 @@ from agent.runtime import telemetry
 from agent.runtime.clock_guard import ClockStepDetector
 from agent.runtime.control import LineControl
 from agent.runtime.driving import ActiveLine
-from agent.runtime.health import DeviceView, Health, InstanceView
+from agent.runtime.health import Health, InstanceView
 from agent.runtime.health_http import HealthEndpoint, unusable_setting
 from agent.runtime.line import device_profile, make_driver, warn_about
 from agent.runtime.notify import Notifier
-from agent.runtime.reports import LineRate, device_snapshot, line_snapshot
+from agent.runtime.readiness import CHECK_INTERVAL_S, Readiness
+from agent.runtime.reports import LineRate, device_snapshot, device_view, line_snapshot
 from agent.sync.device import DeviceKeys, DeviceSync
 from agent.sync.state_file import StateFile
 
@@ -81,6 +83,8 @@ class Agent:
             settings, self.view, lambda: self.session, self.notifier.status, self.process
         )
         self._endpoint: HealthEndpoint | None = None
+        self.config_hash = config_hash(settings)
+        self.readiness = Readiness(settings.serial.url, self.line.id, settings.instance_id)
 
     # ------------------------------------------------------------------ state
 
@@ -132,7 +136,10 @@ class Agent:
             return EXIT_CONFIG
         self.notifier.status("connecting to the broker")
         try:
-            self.session = Session(s.mqtt, client_id=self.client_id, will=self.health.will())
+            # Its errors name the settings to check as the agent's are set: variables.
+            self.session = Session(
+                s.mqtt, client_id=self.client_id, will=self.health.will(), names=variable_name
+            )
             # An instance of a pair is back on the store within a TTL of it being
             # reachable, whatever happened before (see agent.pair.leadership).
             self.session.set_reconnect_ceiling(s.lock.ttl_ms / 1000)
@@ -171,6 +178,7 @@ class Agent:
             on_switchover=self._on_switchover,
         )
         self.leadership.hold_off = self.control.hold_off
+        self.leadership.on_waiting(self.health.poke)
         lock = self.leadership.lock
         self.active_line = ActiveLine(
             s,
@@ -195,6 +203,7 @@ class Agent:
                     line=s.key("line", device.id),
                     line_id=self.line.id,
                     points={name: s.point_key(name, device.id) for name in profile.points},
+                    lock_of_line=functools.partial(s.keys.of_line, "lock"),
                 ),
                 StateFile(s.state_dir, device.id),
                 logging.LoggerAdapter(log, {"device": device.id}),
@@ -213,6 +222,10 @@ class Agent:
             # the previous lease, opening the line, reconciling) must not outlast the lease.
             self._start_scheduler()
             self._clock_task = asyncio.create_task(self._watch_clock(), name="clock")
+            # Health from before the first contention: a takeover waiting out the previous
+            # lease says so, rather than not reporting at all.
+            self._spawn(self.health.run())
+            self._spawn(self._check_readiness())
             await self.leadership.contend()
             if self.role is Role.ACTIVE:
                 # Ready with the devices' state in its words, once they are reconciled.
@@ -222,7 +235,6 @@ class Agent:
             self.notifier.ready(self._status_words())
             log.info("started as %s", self.role.value)
             self._add_periodic_jobs()
-            self._spawn(self.health.run())
             if self.notifier.watchdog_interval_s:
                 self._spawn(self._watchdog(self.notifier.watchdog_interval_s))
             await stop.wait()
@@ -499,7 +511,7 @@ class Agent:
         assert self.client is not None and self.leadership is not None
         try:
             holder = await self.leadership.lock.current_holder()
-            self.leadership._saw_holder(holder)
+            self.leadership.saw_holder(holder)
             if holder is None:
                 for sync in self.devices.values():
                     record, _ = await self.client.get(sync.keys.record)
@@ -547,6 +559,15 @@ class Agent:
         if self.role is Role.ACTIVE:
             for sync in self.devices.values():
                 sync.reconcile_soon()
+            if self.active_line is not None:
+                await self.active_line.recheck_claims()
+
+    async def _check_readiness(self) -> None:
+        """While not active: could this instance take over now?"""
+        while True:
+            if self.role is not Role.ACTIVE and await self.readiness.check():
+                self.health.poke()
+            await asyncio.sleep(CHECK_INTERVAL_S)
 
     async def _telemetry_job(self) -> None:
         if self.session is None or not self.session.connected:
@@ -610,19 +631,9 @@ class Agent:
     def view(self) -> InstanceView:
         """What health needs of this instance, now."""
         leadership, bus, session = self.leadership, self.bus, self.session
-        devices = {}
-        for name, sync in self.devices.items():
-            synced = sync.status.synced
-            refused = sync.record.refused
-            devices[name] = DeviceView(
-                self.snapshot(name),
-                sync.controller is not None,
-                synced.value,
-                synced.version,
-                None
-                if refused is None
-                else {"point": refused.point, "value": refused.value, "reason": refused.reason},
-            )
+        devices = {
+            name: device_view(sync, self.snapshot(name)) for name, sync in self.devices.items()
+        }
         return InstanceView(
             role=self.role,
             paused=self.control is not None and self.control.paused,
@@ -634,6 +645,9 @@ class Agent:
             round_trip_s=None if leadership is None else leadership.round_trips.worst_s,
             too_slow=None if leadership is None else leadership.too_slow,
             ttl_s=self.settings.lock.ttl_ms / 1000,
+            taking_over_s=None if leadership is None else leadership.taking_over_s(),
+            not_ready=self.readiness.not_ready,
+            config_hash=self.config_hash,
         )
 
     def healthy(self) -> bool:

@@ -82,6 +82,20 @@ class ActiveLine:
             first,
         )
 
+    async def recheck_claims(self) -> None:
+        """While active, every reconcile interval: a device left to another line is taken
+        back once that line no longer serves it; a device another line named itself for
+        meanwhile (both took over at once) is left to it."""
+        bus = self.bus
+        if bus is None:
+            return
+        for name, sync in list(self.devices.items()):
+            left = sync.served_by is not None
+            if await sync.check_served_elsewhere() or not left or self.bus is not bus:
+                continue
+            await sync.take_over(bus.device(name))
+            sync.start()
+
     async def close(self) -> None:
         """Hands every device's controller back (pending work is dropped: the next active
         reconciles) and closes the line once the transaction on it has ended."""

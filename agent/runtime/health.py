@@ -136,6 +136,12 @@ def instance_document(
     round_trip_s: float | None = None,
     problem: str | None = None,
     duplicates: Sequence[str] = (),
+    started_at: float | None = None,
+    config_hash: str = "",
+    not_ready: str | None = None,
+    taking_over_s: float | None = None,
+    reconciling: int = 0,
+    conflicts: Sequence[dict[str, str]] = (),
 ) -> dict[str, Any]:
     ids = [d if isinstance(d, str) else d.id for d in devices]
     health = [d for d in devices if isinstance(d, DeviceHealth)]
@@ -161,6 +167,13 @@ def instance_document(
         "round_trip_ms": None if round_trip_s is None else round(round_trip_s * 1000, 1),
         "problem": problem,
         "duplicates": list(duplicates),
+        "started_at": None if started_at is None else round(started_at, 3),
+        "config_hash": config_hash,
+        "ready": not_ready is None,
+        "not_ready": not_ready,
+        "taking_over_s": None if taking_over_s is None else round(taking_over_s, 1),
+        "reconciling": reconciling,
+        "conflicts": list(conflicts),
     }
 
 
@@ -198,6 +211,11 @@ class DeviceView:
     synced_version: Hlc | None
     refused: dict[str, str] | None = None
     """The last remote value the unit could not take: point, value, reason."""
+    served_by: str | None = None
+    """Another line that serves the device (configured on both): left alone here."""
+    reconciling: bool = False
+    """Held since the takeover and not reconciled yet: its store and unit may differ
+    for a moment, which is no fault."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +237,12 @@ class InstanceView:
     too_slow: float | None = None
     """The round trip that keeps this instance from holding a lease, while it does."""
     ttl_s: float = 0.0
+    taking_over_s: float | None = None
+    """Holding the lock, waiting this long still for the previous lease to end."""
+    not_ready: str | None = None
+    """Why this standby could not take over now (its line checked without touching it)."""
+    config_hash: str = ""
+    """The line's configuration as this instance runs it (the pair's should agree)."""
 
 
 # --------------------------------------------------------------------------- the publisher
@@ -348,6 +372,15 @@ class Health:
                 f"the round trip to the store ({view.too_slow * 1000:.0f} ms) is too long to "
                 f"hold a lease of {view.ttl_s * 1000:.0f} ms: this instance cannot take over"
             )
+        if view.role is not Role.ACTIVE and view.not_ready is not None:
+            return f"cannot take over: {view.not_ready}"
+        elsewhere = sorted(
+            f"{name} (line {d.served_by})"
+            for name, d in view.devices.items()
+            if d.served_by is not None
+        )
+        if elsewhere:
+            return f"served by another line too, left alone here: {', '.join(elsewhere)}"
         return None
 
     def state(self, view: InstanceView) -> str:
@@ -397,6 +430,16 @@ class Health:
             round_trip_s=view.round_trip_s,
             problem=self.failing(view),
             duplicates=[f"{p} ({where})" for p, where in self.duplicates.items()],
+            started_at=self.started,
+            config_hash=view.config_hash,
+            not_ready=view.not_ready if view.role is not Role.ACTIVE else None,
+            taking_over_s=view.taking_over_s,
+            reconciling=sum(d.reconciling for d in view.devices.values()) if active else 0,
+            conflicts=[
+                {"device": name, "line": d.served_by}
+                for name, d in view.devices.items()
+                if d.served_by is not None
+            ],
         )
 
     def device_document(self, view: InstanceView, device: str) -> tuple[dict[str, Any], bytes]:
@@ -424,6 +467,8 @@ class Health:
             "points": snapshot.points,
             "slow_ms": snapshot.slow_ms,
             "refused": seen.refused,
+            "reconciling": seen.reconciling,
+            "served_by": seen.served_by,
         }
         return document, ONLINE if available else OFFLINE
 

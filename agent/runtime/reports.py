@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from agent.line.bus import Bus
 from agent.protocol.hlc import Hlc
 from agent.runtime import telemetry
+from agent.runtime.health import DeviceView
 from agent.sync.device import DeviceSync
 
 
@@ -103,4 +104,21 @@ def line_snapshot(
         transactions_per_s=None if per_s is None else round(per_s, 2),
         cycle_s=bus.schedule.last_cycle_s if bus is not None else None,
         errors=errors,
+    )
+
+
+def device_view(sync: DeviceSync, snapshot: telemetry.Snapshot) -> DeviceView:
+    """What health needs of a device now."""
+    synced = sync.status.synced
+    refused = sync.record.refused
+    return DeviceView(
+        snapshot,
+        sync.controller is not None,
+        synced.value,
+        synced.version,
+        None
+        if refused is None
+        else {"point": refused.point, "value": refused.value, "reason": refused.reason},
+        sync.served_by,
+        sync.reconciling,
     )

@@ -43,6 +43,8 @@ class DeviceKeys:
     line_id: str
     points: Mapping[str, str] = field(default_factory=dict)
     """Each point's key, the set point's included (filled from `setpoint` when empty)."""
+    lock_of_line: Callable[[str], str] | None = None
+    """Another line's lock key, by its id: is a line that names itself the device's live?"""
 
     def of(self, point: str) -> str:
         if point == "setPoint":
@@ -91,6 +93,12 @@ class DeviceSync:
         """Read-only points last published to the store (the profile asks for some)."""
         self._storing: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.served_by: str | None = None
+        """Another line that serves this device now (its name in `<device>\\line`, its
+        lock held): this line leaves the device alone (a device on two lines is a
+        configuration error; fenced by two locks, each line's writes would refuse the
+        other's)."""
+        self._given_up = asyncio.Event()
 
     # ------------------------------------------------------------------ the set point's
 
@@ -103,12 +111,20 @@ class DeviceSync:
     def controller(self) -> Controller | None:
         return self.setpoint.controller
 
+    @property
+    def reconciling(self) -> bool:
+        """Held since a takeover and not every point reconciled yet."""
+        return self.controller is not None and not all(
+            point.reconciled.is_set() for point in self.points.values()
+        )
+
     # ------------------------------------------------------------------ every point
 
     def start(self) -> None:
         for point in self.points.values():
             point.start()
-        self._spawn(self._record_once_reconciled())
+        if self.served_by is None:
+            self._spawn(self._record_once_reconciled())
 
     async def _record_once_reconciled(self) -> None:
         """The record written once after a takeover, whatever changed: it carries the
@@ -123,8 +139,15 @@ class DeviceSync:
 
     async def wait_reconciled(self) -> None:
         """Until every point was reconciled after the takeover (each is served as soon
-        as it is)."""
-        await asyncio.gather(*(point.reconciled.wait() for point in self.points.values()))
+        as it is), or the device was left to another line."""
+        reconciled = asyncio.gather(*(point.reconciled.wait() for point in self.points.values()))
+        given_up = asyncio.ensure_future(self._given_up.wait())
+        try:
+            await asyncio.wait([reconciled, given_up], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in (reconciled, given_up):
+                waiting.cancel()
+            await asyncio.gather(reconciled, given_up, return_exceptions=True)
 
     def reconcile_soon(self) -> None:
         for point in self.points.values():
@@ -179,7 +202,10 @@ class DeviceSync:
         (read, and written back with this instance's token), names the line if it is not
         named yet, then hands each point its part of the record to fence its own key and
         be reconciled by its worker once `start()`ed. True if the store showed a remote
-        change the former active never applied, to any point."""
+        change the former active never applied, to any point. A device another line
+        serves is left alone (served_by)."""
+        if await self.check_served_elsewhere():
+            return False
         try:
             (record_raw, _), (line, _) = await asyncio.gather(
                 self.setpoint.fence(self.keys.record, "write the sync record to"),
@@ -204,6 +230,52 @@ class DeviceSync:
             )
         )
         return any(needs)
+
+    async def check_served_elsewhere(self) -> bool:
+        """Looks whether another line serves this device now; if so, leaves it alone
+        (said once, naming both lines) and returns True. Before any fenced write of the
+        device's keys: the other line's token would refuse them."""
+        other = await self._other_live_line()
+        if other is None:
+            if self.served_by is not None:
+                self.log.info(
+                    "device %s is served by line %s again: line %s no longer serves it",
+                    self.device_id,
+                    self.keys.line_id,
+                    self.served_by,
+                )
+                self.served_by = None
+                self._given_up.clear()
+            return False
+        if other != self.served_by:
+            self.log.error(
+                "device %s is configured on line %s and on line %s, which serves it (%s names "
+                "it and its lock is held): line %s leaves it alone; remove the device from one "
+                "of the two lines' devices",
+                self.device_id,
+                self.keys.line_id,
+                other,
+                self.keys.line,
+                self.keys.line_id,
+            )
+        self.served_by = other
+        self.release()
+        self._given_up.set()
+        return True
+
+    async def _other_live_line(self) -> str | None:
+        if self.keys.lock_of_line is None:
+            return None
+        try:
+            named, _ = await self.client.get(self.keys.line)
+            if named is None or named == self.keys.line_id.encode():
+                return None
+            other = named.decode(errors="replace")
+            holder, _ = await self.client.get(self.keys.lock_of_line(other))
+        except (StateStoreError, SessionError) as exc:
+            self.log.warning("could not read %s: %s", self.keys.line, exc)
+            return self.served_by  # as it was
+        return other if holder is not None else None
 
     async def _name_the_line(self) -> None:
         """`<device>\\line` tells a remote writer which lock fences this device."""

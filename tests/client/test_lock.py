@@ -354,3 +354,23 @@ async def test_a_lease_lost_here_but_still_the_stores_is_known_as_ours(connect: 
     await other.release()
     assert await lock.try_acquire(5000) is not None
     assert await lock.still_our_last_lease()
+
+
+async def test_a_key_written_under_another_lock_is_refused_without_losing_ours(
+    connect: Connect,
+) -> None:
+    """A device configured on two lines: its key last written with the other line's newer
+    token. Our lease, intact at the store, is not lost for it (both lines flapped)."""
+    a, b = await connect("a"), await connect("b")
+    ours, theirs = LeasedLock(a, lock_key(), "a#1"), LeasedLock(b, lock_key(), "b#1")
+    losses = Losses()
+    ours.on_lost(losses)
+    data = f"shared-{time.monotonic_ns()}\\setPoint"
+    assert await ours.try_acquire(5000) is not None
+    assert await theirs.try_acquire(5000) is not None  # newer: granted after ours
+    assert (await theirs.fenced_set(data, b"21")).applied
+    with pytest.raises(errors.FencedByAnotherLock):
+        await ours.fenced_set(data, b"22")
+    assert losses.reasons == [] and ours.held
+    value, _ = await b.get(data)
+    assert value == b"21"
