@@ -193,7 +193,7 @@ def test_agent_store_with_a_password_file(
         assert results[2].returncode == 4 and "refused the credentials" in results[2].stderr
         key_password_file.write_text(WRONG_PASSWORD)
         results.append(run("store", *flags, "get", "secret-test", env={}))
-        assert results[3].returncode == 2 and "mqtt.tls.cert_file" in results[3].stderr
+        assert results[3].returncode == 2 and "cannot use --cert-file" in results[3].stderr
         for result in results:
             assert "DEBUG" in result.stderr or result.returncode != 0
             assert_no_secret("agent store", result.stdout + result.stderr)
@@ -269,6 +269,9 @@ def test_agent_at_debug_level(broker: SecuredMosquitto, pki: Pki, tmp_path: Path
         assert refused.proc.wait(30) == 78
         outputs["refused"] = finish(refused)
         assert "refused the credentials" in outputs["refused"]
+        # Was: gmqtt's own lines about the CONNACK first, then the settings' own names.
+        assert "check AGENT_MQTT__USERNAME, AGENT_MQTT__PASSWORD" in outputs["refused"]
+        assert "gmqtt" not in outputs["refused"], outputs["refused"]
 
         # The broker gone: retried, and said so at every attempt.
         retrying = AgentProcess(flags, env={**base_environment(), **good}, merge_stderr=True)

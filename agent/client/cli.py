@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import binascii
+import os
 import signal
 import sys
 import uuid
@@ -25,9 +26,9 @@ from pydantic import SecretStr, ValidationError
 from agent import logs
 from agent.client.errors import RequestTimeout, StateStoreError
 from agent.client.lock import LeasedLock, LossReason, renewal_period_s
-from agent.client.session import Session, SessionError
+from agent.client.session import Session, SessionError, SettingNames
 from agent.client.statestore import Condition, KeyChange, StateStoreClient
-from agent.config import ConnectionSettings, MqttSettings, setting_errors
+from agent.config import ConnectionSettings, MqttSettings, setting_errors, variable_name
 from agent.protocol.hlc import Hlc, HlcError
 
 EXIT_OK, EXIT_NOT_APPLIED, EXIT_USAGE, EXIT_SERVICE, EXIT_CONNECTION = 0, 1, 2, 3, 4
@@ -147,6 +148,9 @@ _SECRET_FILE_FLAGS: dict[str, tuple[str, ...]] = {
     "password_file": ("password",),
     "key_password_file": ("tls", "key_password"),
 }
+# The secret flags a user may try (argparse would take them for the file flags they begin,
+# and say the secret in its error as a file name): refused, never echoing the value.
+_SECRET_FLAGS = {"password": "password_file", "key_password": "key_password_file"}
 
 
 def connection_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -> None:
@@ -164,6 +168,8 @@ def connection_options(parser: argparse.ArgumentParser, *, defaults: bool = True
         help="file holding the password (or AGENT_MQTT__PASSWORD); never a flag, so that "
         "it stays out of process listings",
     )
+    for secret in _SECRET_FLAGS:  # no connection flags: refused, and not in the help
+        parser.add_argument(_flag(secret), dest=f"secret_flag_{secret}", help=argparse.SUPPRESS)
     conn.add_argument(
         "--sat-file",
         type=Path,
@@ -211,6 +217,13 @@ def run(args: argparse.Namespace) -> int:
 
 def connection_settings(args: argparse.Namespace) -> MqttSettings:
     """The environment's settings (as the agent reads them), with the flags on top."""
+    for secret, file_dest in _SECRET_FLAGS.items():
+        if getattr(args, f"secret_flag_{secret}", None) is not None:
+            variable = variable_name(".".join(("mqtt", *_SECRET_FILE_FLAGS[file_dest])))
+            raise UsageError(
+                f"{_flag(secret)}: a secret is never a flag (process listings show flags): "
+                f"put it in a file for {_flag(file_dest)}, or in {variable}"
+            )
     flags: dict[str, Any] = {}
     given: dict[tuple[str, ...], str] = {}  # settings path -> the flag that set it
     for name, path in _SETTING_FLAGS.items():
@@ -234,6 +247,28 @@ def connection_settings(args: argparse.Namespace) -> MqttSettings:
         return ConnectionSettings(mqtt=flags).mqtt
     except ValidationError as exc:
         raise UsageError("invalid settings: " + "; ".join(_errors(exc, given))) from None
+
+
+def setting_names(args: argparse.Namespace) -> SettingNames:
+    """How the user of a command calls each connection setting, in the session's messages:
+    the flag they typed, else the environment variable when it is set, else the flag to
+    type (--timeout for the connect timeout, which it bounds)."""
+    dests = {".".join(("mqtt", *path)): dest for dest, path in _SETTING_FLAGS.items()}
+    dests |= {".".join(("mqtt", *path)): dest for dest, path in _SECRET_FILE_FLAGS.items()}
+    dests["mqtt.connect_timeout_s"] = "timeout"
+    environment = {name.upper() for name in os.environ}
+
+    def name(path: str) -> str:
+        dest, variable = dests.get(path), variable_name(path)
+        if dest is None or (getattr(args, dest, None) is None and variable in environment):
+            return variable
+        return _flag(dest)
+
+    return name
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
 
 
 def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
@@ -348,7 +383,7 @@ async def with_client(
         # handshake with a port without TLS, say), not only that the time is up.
         settings = settings.model_copy(update={"connect_timeout_s": args.timeout / 2})
     try:
-        session = Session(settings, client_id=client_id)
+        session = Session(settings, client_id=client_id, names=setting_names(args))
     except SessionError as exc:  # TLS files that cannot be used
         print(f"{name}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -11,7 +11,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Final
 
-from agent.client.session_errors import SessionError
+from agent.client.session_errors import SessionError, SettingNames, own_names
 from agent.config import MqttSettings
 
 K8S_SAT: Final = "K8S-SAT"
@@ -29,25 +29,26 @@ class Credentials:
     auth_data: bytes | None = field(default=None, repr=False)
 
 
-def read_credentials(settings: MqttSettings) -> Credentials:
+def read_credentials(settings: MqttSettings, names: SettingNames = own_names) -> Credentials:
     """The credentials of the next CONNECT. Raises SessionError when the token file cannot be
     read or is unusable (the session retries: the kubelet may be replacing it)."""
     password = settings.password.get_secret_value() if settings.password is not None else None
     if settings.sat_file is None:
         return Credentials(settings.username, password)
     path = settings.sat_file
+    setting = names("mqtt.sat_file")
     try:
         token = path.read_bytes().strip()
     except OSError as exc:
         raise SessionError(
-            f"cannot read the service account token (mqtt.sat_file {path}): "
+            f"cannot read the service account token ({setting} {path}): "
             f"{exc.strerror or type(exc).__name__}"
         ) from None
     if not token:
-        raise SessionError(f"the service account token file (mqtt.sat_file {path}) is empty")
+        raise SessionError(f"the service account token file ({setting} {path}) is empty")
     if len(token) > _MAX_AUTH_DATA:
         raise SessionError(
-            f"the service account token (mqtt.sat_file {path}) is longer than "
+            f"the service account token ({setting} {path}) is longer than "
             f"{_MAX_AUTH_DATA} bytes, more than MQTT's Authentication Data can carry"
         )
     return Credentials(settings.username, None, K8S_SAT, token)

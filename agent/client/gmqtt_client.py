@@ -13,7 +13,8 @@ checked in one place (gmqtt is pinned to 0.8.x):
   (``_connection._last_data_in``) and sends PINGREQs with ``_connection._send_ping_request``.
 - The exception a connection ends with (a TLS alert) is only logged by gmqtt: the protocol's
   ``connection_lost`` is wrapped in ``_create_connection`` to report it, and gmqtt's own
-  log line of it (a traceback) is filtered out.
+  log line of it (a traceback) is filtered out; so are its lines about a CONNACK refusal,
+  which the session reports (``connack_error``) in the words of the settings to check.
 - A refused CONNACK comes as ``MQTTConnectError`` whose code is in ``_code``.
 - gmqtt's property table lacks Authentication Data (0x16), which K8S-SAT authentication needs
   in CONNECT: ``_register_authentication_data()`` adds it (see there for the way upstream).
@@ -44,7 +45,7 @@ from gmqtt.mqtt.property import (  # type: ignore[import-untyped]
 )
 
 from agent.client.credentials import Credentials
-from agent.client.session_errors import connack_error
+from agent.client.session_errors import SettingNames, connack_error, own_names
 from agent.message import Message
 
 __all__ = ["GmqttClient", "OutgoingMessage", "outgoing"]
@@ -79,16 +80,28 @@ def _register_authentication_data() -> None:
 _register_authentication_data()
 
 
-class _ConnectionLostFilter(logging.Filter):
-    """gmqtt logs the exception each connection ends with, traceback and all, at WARNING. The
-    session reports each loss once, with that exception's reason (``on_transport_error``):
-    an operator gets one line per event, not a traceback of an expected network failure."""
+class _ReportedBySession(logging.Filter):
+    """gmqtt logs events the session reports itself, once and in an operator's words: the
+    exception each connection ends with (a traceback, at WARNING; the session has its reason
+    from ``on_transport_error``) and a CONNACK refusal (three lines, up to ERROR, before the
+    session's own; the session names the settings to check). Only these lines are dropped:
+    anything else gmqtt says still shows."""
+
+    def __init__(self, *starts: str) -> None:
+        super().__init__()
+        self._starts = starts
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("[EXC: CONN LOST]")
+        return not str(record.msg).startswith(self._starts)
 
 
-logging.getLogger("gmqtt.mqtt.protocol").addFilter(_ConnectionLostFilter())
+logging.getLogger("gmqtt.mqtt.protocol").addFilter(_ReportedBySession("[EXC: CONN LOST]"))
+logging.getLogger("gmqtt.mqtt.handler").addFilter(
+    _ReportedBySession(
+        "[MqttPackageHandler] CONNACK",  # "CONNACK: 0x86", "CONNACK 0x86 is permanent, ..."
+        "[MqttPackageHandler] not reconnecting after a permanent CONNACK refusal",
+    )
+)
 
 
 class GmqttClient(gmqtt.Client):  # type: ignore[misc]
@@ -107,6 +120,7 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
         on_downgrade: Callable[[], None],
         on_transport_error: Callable[[BaseException], None] = lambda exc: None,
         will: Message | None = None,
+        names: SettingNames = own_names,
     ) -> None:
         connect_properties: dict[str, Any] = {}
         if credentials.auth_method is not None:
@@ -115,6 +129,7 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
                 connect_properties["auth_data"] = credentials.auth_data
         super().__init__(client_id, will_message=_will_message(will), **connect_properties)
         self._token_auth = credentials.auth_method is not None
+        self._names = names
         if credentials.username is not None:
             self.set_auth_credentials(credentials.username, credentials.password)
         self._on_downgrade = on_downgrade
@@ -150,7 +165,7 @@ class GmqttClient(gmqtt.Client):  # type: ignore[misc]
             )  # fmt: skip
         except MQTTConnectError as exc:
             code = int(getattr(exc, "_code", 0x80))
-            raise connack_error(code, token_auth=self._token_auth) from None
+            raise connack_error(code, token_auth=self._token_auth, names=self._names) from None
 
     async def _create_connection(
         self, host: str, port: int, ssl: Any, clean_session: bool, keepalive: int

@@ -31,8 +31,10 @@ from agent.client.session_errors import (
     V311_UNACCEPTABLE_PROTOCOL,
     NotConnected,
     SessionTimeout,
+    SettingNames,
     TlsHangUp,
     connack_error,
+    own_names,
 )
 from agent.message import Message
 
@@ -180,12 +182,14 @@ async def open_link(
     on_message: Callable[[Link, Message, list[int]], None],
     on_undecodable: Callable[[Link], None],
     on_lost: Callable[[Link, int | None], None],
+    names: SettingNames = own_names,
 ) -> Link:
     """Connect once: TCP, TLS, CONNECT and CONNACK, all within ``connect_timeout``.
 
     Returns the link, connected; raises ConnectionRefused (CONNACK), an OSError or SSLError
     (network, TLS), NotConnected (closed before CONNACK) or SessionTimeout. ``on_lost`` is
-    called for a link that fails here too, as for one lost later.
+    called for a link that fails here too, as for one lost later. Settings to check are
+    named by ``names``.
     """
     where = f"{settings.host}:{settings.port}"
     link = Link(where)
@@ -207,6 +211,7 @@ async def open_link(
         on_downgrade=refused_v5,
         on_transport_error=link.ended_with,
         will=will,
+        names=names,
     )
     link.client = client
     connect = asyncio.ensure_future(
@@ -237,19 +242,20 @@ async def open_link(
             if ssl_context is not None:
                 # What a broker refusing our certificate (or the lack of one) looks like when
                 # its alert is lost to the connection reset.
-                raise TlsHangUp(settings.tls.cert_file is not None)
+                raise TlsHangUp(settings.tls.cert_file is not None, names)
             # What a TLS port does with a plain CONNECT: closes without a word we can read.
             raise NotConnected(
                 "the broker closed the connection before CONNACK "
-                "(a TLS port? see mqtt.tls.enabled, agent store --tls)"
+                f"(a TLS port? see {names('mqtt.tls.enabled')})"
             )
+        timeout = names("mqtt.connect_timeout_s")
         if ssl_context is not None and not client.transport_up:
             # A port without TLS that waits for more of what it takes for a CONNECT.
             raise SessionTimeout(
                 f"the TLS handshake did not finish within {connect_timeout:g} s "
-                "(connect_timeout_s; a port without TLS?)"
+                f"({timeout}; a port without TLS?)"
             )
-        raise SessionTimeout(f"no CONNACK within {connect_timeout:g} s (connect_timeout_s)")
+        raise SessionTimeout(f"no CONNACK within {connect_timeout:g} s ({timeout})")
     finally:
         lost.cancel()
         if not ok:

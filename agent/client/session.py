@@ -56,7 +56,9 @@ from agent.client.session_errors import (
     PublishFailed,
     SessionError,
     SessionTimeout,
+    SettingNames,
     SubscribeFailed,
+    own_names,
 )
 from agent.client.subscriptions import Subscriptions, send_subscribe
 from agent.client.supervisor import ConnectHook, DisconnectHook, Supervisor
@@ -77,6 +79,7 @@ __all__ = [
     "Session",
     "SessionError",
     "SessionTimeout",
+    "SettingNames",
     "SubscribeFailed",
     "TlsSetupFailed",
 ]
@@ -105,9 +108,12 @@ class Session:
         rng: random.Random | None = None,
         handler_queue_limit: int = DEFAULT_QUEUE_LIMIT,
         will: Message | None = None,
+        names: SettingNames = own_names,
     ) -> None:
         """``will``: the Last Will the broker publishes when a connection ends without a
-        DISCONNECT (a crash, a lost network), sent in every CONNECT."""
+        DISCONNECT (a crash, a lost network), sent in every CONNECT. ``names``: how the
+        person who made ``settings`` calls each of them (the flag typed, the environment
+        variable), for the errors and log lines that say which to check."""
         self._settings = settings
         if will is not None:
             validate_topic_name(will.topic)
@@ -123,7 +129,7 @@ class Session:
             raise ValueError("handler_queue_limit must be at least 1")
         self._handler_queue_limit = handler_queue_limit
         self._dropped = 0
-        ssl_context = build_ssl_context(settings.tls)
+        ssl_context = build_ssl_context(settings.tls, names)
 
         self._subscriptions = Subscriptions()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -135,6 +141,7 @@ class Session:
             backoff=backoff,
             ssl_context=ssl_context,
             subscriptions=self._subscriptions,
+            names=names,
         )
 
     # --- state ---

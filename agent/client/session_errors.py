@@ -4,13 +4,29 @@ Pure: no I/O and no gmqtt. ``connack_error`` decides whether retrying can help (
 is busy) or not (bad credentials, MQTT 5 refused); ``is_definitive`` decides which network
 failures a person waiting at a command line should hear about at once rather than after the
 retries (the long-running agent retries them all).
+
+A message that says which setting to check names it as the person who made the settings
+knows it (``SettingNames``): the flag they typed, or the environment variable.
 """
 
 from __future__ import annotations
 
 import socket
 import ssl
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeAlias
+
+SettingNames: TypeAlias = Callable[[str], str]
+"""A connection setting's name for the person who made the settings, from its path in the
+settings (``mqtt.password``, ``mqtt.tls.cert_file``): ``--password-file`` for ``agent
+store``, ``AGENT_MQTT__PASSWORD`` for the agent. The session's messages name settings
+through it."""
+
+
+def own_names(path: str) -> str:
+    """The settings' own names (``mqtt.tls.cert_file``): for a session no command made."""
+    return path
+
 
 # MQTT 5 reason codes (section 2.4) by the names the spec gives them where they are refusals.
 _REASON_NAMES: Final = {
@@ -96,11 +112,12 @@ class TlsHangUp(NotConnected):
     """The broker closed a TLS connection before CONNACK, without a TLS alert to say why: how
     a broker that refuses the client certificate, or its absence, can look from here."""
 
-    def __init__(self, with_certificate: bool) -> None:
+    def __init__(self, with_certificate: bool, names: SettingNames = own_names) -> None:
+        cert_file = names("mqtt.tls.cert_file")
         hint = (
-            "does it accept the client certificate? see mqtt.tls.cert_file"
+            f"does it accept the client certificate? see {cert_file}"
             if with_certificate
-            else "does it require a client certificate? see mqtt.tls.cert_file"
+            else f"does it require a client certificate? see {cert_file}"
         )
         super().__init__(f"the broker closed the TLS connection before CONNACK ({hint})")
 
@@ -154,7 +171,9 @@ def reason_name(code: int) -> str:
     return f"0x{code:02X} ({_REASON_NAMES.get(code, 'unknown reason')})"
 
 
-def connack_error(code: int, *, token_auth: bool = False) -> ConnectionRefused:
+def connack_error(
+    code: int, *, token_auth: bool = False, names: SettingNames = own_names
+) -> ConnectionRefused:
     """The error for a CONNACK refusing the connection with ``code``.
 
     ``token_auth``: the CONNECT carried a Kubernetes service account token (K8S-SAT), so a
@@ -171,15 +190,17 @@ def connack_error(code: int, *, token_auth: bool = False) -> ConnectionRefused:
     if token_auth and code in (NOT_AUTHORIZED, BAD_AUTHENTICATION_METHOD, BAD_USERNAME_OR_PASSWORD):
         return AuthenticationFailed(
             code,
-            f"the broker refused the token (CONNACK {name}); check mqtt.sat_file (the service "
-            "account token and its audience) and that the broker accepts K8S-SAT on this port",
+            f"the broker refused the token (CONNACK {name}); check {names('mqtt.sat_file')} "
+            "(the service account token and its audience) and that the broker accepts K8S-SAT "
+            "on this port",
             fatal=True,
         )
     if code in (BAD_USERNAME_OR_PASSWORD, NOT_AUTHORIZED, BAD_AUTHENTICATION_METHOD):
         return AuthenticationFailed(
             code,
-            f"the broker refused the credentials (CONNACK {name}); check mqtt.username, "
-            "mqtt.password and the client certificate (mqtt.tls.cert_file)",
+            f"the broker refused the credentials (CONNACK {name}); check "
+            f"{names('mqtt.username')}, {names('mqtt.password')} and the client certificate "
+            f"({names('mqtt.tls.cert_file')})",
             fatal=True,
         )
     fatal = code in _FATAL_CONNACK or code < 0x80
@@ -208,7 +229,7 @@ _NOT_TLS = frozenset(
 )
 
 
-def describe_connect_failure(error: BaseException) -> str:
+def describe_connect_failure(error: BaseException, names: SettingNames = own_names) -> str:
     """A failed connection attempt in words an operator can act on (after "host:port: ")."""
     if isinstance(error, ConnectionRefusedError):
         return "connection refused: nothing accepts connections there"
@@ -218,19 +239,19 @@ def describe_connect_failure(error: BaseException) -> str:
         reason = error.verify_message or error.reason or str(error)
         return (
             f"TLS: the broker's certificate does not verify: {reason} "
-            "(check mqtt.host and mqtt.tls.ca_file)"
+            f"(check {names('mqtt.host')} and {names('mqtt.tls.ca_file')})"
         )
     if isinstance(error, ssl.SSLError):
         reason = error.reason or ""
         if reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
             return (
                 "TLS: the broker requires a client certificate "
-                "(set mqtt.tls.cert_file and mqtt.tls.key_file)"
+                f"(set {names('mqtt.tls.cert_file')} and {names('mqtt.tls.key_file')})"
             )
         if reason in _CLIENT_CERTIFICATE_REFUSED:
             return (
                 "TLS: the broker refused the client certificate "
-                f"({reason.replace('_', ' ').lower()}; check mqtt.tls.cert_file)"
+                f"({reason.replace('_', ' ').lower()}; check {names('mqtt.tls.cert_file')})"
             )
         if reason in _NOT_TLS:
             return f"TLS: the broker did not answer in TLS ({reason}: a port without TLS?)"

@@ -33,10 +33,12 @@ from agent.client.session_errors import (
     NotConnected,
     SessionError,
     SessionTimeout,
+    SettingNames,
     SubscribeFailed,
     describe_connect_failure,
     disconnect_detail,
     is_definitive,
+    own_names,
 )
 from agent.client.subscriptions import Subscriptions, send_subscribe
 from agent.config import MqttSettings
@@ -59,8 +61,10 @@ class Supervisor:
         backoff: Backoff,
         ssl_context: ssl.SSLContext | None,
         subscriptions: Subscriptions,
+        names: SettingNames = own_names,
     ) -> None:
         self._settings = settings
+        self._names = names
         self._client_id = client_id
         self._will = will
         self._log = log
@@ -139,7 +143,8 @@ class Supervisor:
             )
         else:
             failure = self._last_error
-            last = f" (last error: {describe_connect_failure(failure)})" if failure else ""
+            described = describe_connect_failure(failure, self._names) if failure else ""
+            last = f" (last error: {described})" if failure else ""
             error = SessionTimeout(f"could not connect to {self._where} within {timeout} s{last}")
         return error
 
@@ -229,7 +234,7 @@ class Supervisor:
                 self._client_id,
                 self._where,
                 disconnect_detail(link.disconnect_reason)
-                or (f": {describe_connect_failure(error)}" if error is not None else ""),
+                or (f": {describe_connect_failure(error, self._names)}" if error else ""),
             )
         for hook in list(self.disconnect_hooks):
             try:
@@ -246,11 +251,11 @@ class Supervisor:
         secret = exposed_secret(settings)
         if secret is not None:
             self._log.warning(
-                "MQTT client %s sends %s to %s without TLS: anyone on the way can read it "
-                "(set mqtt.tls)",
+                "MQTT client %s sends %s to %s without TLS: anyone on the way can read it (set %s)",
                 self._client_id,
                 secret,
                 self._where,
+                self._names("mqtt.tls.enabled"),
             )
         try:
             while not self._stopping:
@@ -285,7 +290,7 @@ class Supervisor:
                     and not self._first_up.is_set()
                     and is_definitive(failure)
                 ):
-                    self._fail(ConnectFailed(describe_connect_failure(failure)))
+                    self._fail(ConnectFailed(describe_connect_failure(failure, self._names)))
                     return
                 delay = self._backoff.next_delay(ceiling=self.reconnect_ceiling)
                 if failure is not None:
@@ -294,7 +299,7 @@ class Supervisor:
                         "MQTT client %s could not connect to %s: %s; retrying in %.2f s",
                         self._client_id,
                         self._where,
-                        describe_connect_failure(failure),
+                        describe_connect_failure(failure, self._names),
                         delay,
                     )
                 else:
@@ -318,9 +323,9 @@ class Supervisor:
             connect_timeout = min(connect_timeout, max(1.0, 2 * self.reconnect_ceiling))
         # The token file is read anew for every attempt (rotation), in a thread (file I/O).
         if settings.sat_file is not None:
-            credentials = await asyncio.to_thread(read_credentials, settings)
+            credentials = await asyncio.to_thread(read_credentials, settings, self._names)
         else:
-            credentials = read_credentials(settings)
+            credentials = read_credentials(settings, self._names)
         return await open_link(
             settings,
             self._client_id,
@@ -331,6 +336,7 @@ class Supervisor:
             on_message=self._on_message,
             on_undecodable=self._on_undecodable,
             on_lost=self._link_lost,
+            names=self._names,
         )
 
     async def _bring_up(self, link: Link) -> None:

@@ -7,7 +7,7 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from agent.client.session_errors import SessionError
+from agent.client.session_errors import SessionError, SettingNames, own_names
 
 if TYPE_CHECKING:
     from agent.config import TlsSettings
@@ -17,12 +17,13 @@ class TlsSetupFailed(SessionError):
     """A file of ``mqtt.tls`` cannot be used: a settings problem, retrying will not help."""
 
 
-def build_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
+def build_ssl_context(tls: TlsSettings, names: SettingNames = own_names) -> ssl.SSLContext | None:
     """The TLS context for ``tls``, or None when TLS is off.
 
     Verifies the broker's certificate (against ``ca_file``, or the system's trust store) and its
     host name; loads the client certificate for mutual TLS. Raises TlsSetupFailed naming the
-    setting when a file cannot be used; never prompts for the password of an encrypted key.
+    setting (by ``names``) when a file cannot be used; never prompts for the password of an
+    encrypted key.
     """
     if not tls.enabled:
         return None
@@ -32,7 +33,8 @@ def build_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
         )
     except (OSError, ssl.SSLError) as exc:
         raise TlsSetupFailed(
-            f"cannot use mqtt.tls.ca_file {tls.ca_file} as the CAs to trust: {_reason(exc)}"
+            f"cannot use {names('mqtt.tls.ca_file')} {tls.ca_file} as the CAs to trust: "
+            f"{_reason(exc)}"
         ) from None
     if tls.cert_file is not None:
         password: Callable[[], str] | str
@@ -43,13 +45,16 @@ def build_ssl_context(tls: TlsSettings) -> ssl.SSLContext | None:
             password = _no_key_password
         try:
             context.load_cert_chain(tls.cert_file, tls.key_file, password=password)
-        except _KeyPasswordMissing as exc:
-            raise TlsSetupFailed(str(exc)) from None
+        except _KeyPasswordMissing:
+            raise TlsSetupFailed(
+                f"{names('mqtt.tls.key_file')} is encrypted; set {names('mqtt.tls.key_password')}"
+            ) from None
         except (OSError, ssl.SSLError) as exc:
             raise TlsSetupFailed(
-                f"cannot use mqtt.tls.cert_file {tls.cert_file} with mqtt.tls.key_file "
-                f"{tls.key_file}: {_reason(exc)} (a certificate and its key in PEM; for an "
-                "encrypted key, its password in mqtt.tls.key_password)"
+                f"cannot use {names('mqtt.tls.cert_file')} {tls.cert_file} with "
+                f"{names('mqtt.tls.key_file')} {tls.key_file}: {_reason(exc)} (a certificate "
+                "and its key in PEM; for an encrypted key, its password in "
+                f"{names('mqtt.tls.key_password')})"
             ) from None
     return context
 
@@ -68,4 +73,4 @@ class _KeyPasswordMissing(Exception):
 
 
 def _no_key_password() -> str:
-    raise _KeyPasswordMissing("mqtt.tls.key_file is encrypted; set mqtt.tls.key_password")
+    raise _KeyPasswordMissing()

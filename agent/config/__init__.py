@@ -47,6 +47,7 @@ from agent.config.environment import (
     ENV_PREFIX,
     redacted,
     setting_errors,
+    variable_name,
 )
 from agent.config.health import HealthSettings
 from agent.config.keys import KeySettings
@@ -88,4 +89,5 @@ __all__ = [
     "redacted",
     "resolve_line",
     "setting_errors",
+    "variable_name",
 ]

@@ -20,6 +20,12 @@ def redacted(settings: BaseModel) -> dict[str, Any]:
     return settings.model_dump(mode="json")
 
 
+def variable_name(path: str) -> str:
+    """A setting's environment variable, from its path in the settings:
+    ``mqtt.tls.cert_file`` -> ``AGENT_MQTT__TLS__CERT_FILE``."""
+    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(path.split(".")).upper()
+
+
 def setting_errors(exc: ValidationError, *, within: tuple[str, ...] = ()) -> list[str]:
     """One line per invalid setting, naming it as its environment variable.
 

@@ -23,7 +23,7 @@ from agent.client.errors import NotAuthorized, StateStoreError
 from agent.client.lock import process_nonce
 from agent.client.session import ConnectionRefused, Session, SessionError, TlsSetupFailed
 from agent.client.statestore import KeyChange, StateStoreClient
-from agent.config import AgentSettings
+from agent.config import AgentSettings, variable_name
 from agent.config.fingerprint import config_hash
 from agent.controller.driver import Driver, PortClaim, PortTaken, is_device_path
 from agent.line.bus import Bus
@@ -136,7 +136,10 @@ class Agent:
             return EXIT_CONFIG
         self.notifier.status("connecting to the broker")
         try:
-            self.session = Session(s.mqtt, client_id=self.client_id, will=self.health.will())
+            # Its errors name the settings to check as the agent's are set: variables.
+            self.session = Session(
+                s.mqtt, client_id=self.client_id, will=self.health.will(), names=variable_name
+            )
             # An instance of a pair is back on the store within a TTL of it being
             # reachable, whatever happened before (see agent.pair.leadership).
             self.session.set_reconnect_ceiling(s.lock.ttl_ms / 1000)

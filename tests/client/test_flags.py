@@ -152,14 +152,31 @@ def test_username_and_password_file_flags(
     assert connected_line(accepted.stderr) is not None, accepted.stderr
     password_file.write_text("wrong\n")
     refused = store(*common, "--username", USER, "--password-file", str(password_file), "get", "k")
-    assert refused.returncode == 4 and "refused the credentials" in refused.stderr
+    # Was: gmqtt's ERROR lines first, then "check mqtt.username, mqtt.password ...".
+    assert refused.returncode == 4
+    [line] = refused.stderr.splitlines()  # mosquitto says 0x87 (not authorized)
+    assert line.startswith(f"agent store: cannot connect to 127.0.0.1:{broker.port}: "), line
+    assert line.endswith(
+        "check --username, --password-file and the client certificate (--cert-file)"
+    ), line
+    from_environment = store(
+        *common, "get", "k", env={"AGENT_MQTT__USERNAME": USER, "AGENT_MQTT__PASSWORD": "wrong"}
+    )
+    assert "check AGENT_MQTT__USERNAME, AGENT_MQTT__PASSWORD and" in from_environment.stderr
+    # Was: taken for --password-file, and the password said as the file it could not read.
+    as_a_flag = store(*common, "--username", USER, "--password", PASSWORD, "get", "k")
+    assert as_a_flag.returncode == 2
+    assert as_a_flag.stderr.splitlines() == [
+        "agent store: --password: a secret is never a flag (process listings show flags): "
+        "put it in a file for --password-file, or in AGENT_MQTT__PASSWORD"
+    ]
     missing = store(*common, "--username", USER, "--password-file", str(tmp_path / "absent"))
     assert missing.returncode == 2
     unreadable = store(
         *common, "--username", USER, "--password-file", str(tmp_path / "absent"), "get", "k"
     )
     assert unreadable.returncode == 2 and "cannot read --password-file" in unreadable.stderr
-    for result in (accepted, refused, unreadable):
+    for result in (accepted, refused, unreadable, as_a_flag):
         assert PASSWORD not in result.stdout + result.stderr
 
 
@@ -226,8 +243,10 @@ def test_connection_flags_are_named_in_their_errors(tmp_path: Path) -> None:
     junk = tmp_path / "junk.pem"
     junk.write_text("junk\n")
     result = store("--ca-file", str(junk), "get", "k")
-    assert result.returncode == 2 and f"mqtt.tls.ca_file {junk}" in result.stderr
+    assert result.returncode == 2 and f"cannot use --ca-file {junk}" in result.stderr
     assert "Traceback" not in result.stderr
+    env_result = store("get", "k", env={"AGENT_MQTT__TLS__CA_FILE": str(junk)})
+    assert f"cannot use AGENT_MQTT__TLS__CA_FILE {junk}" in env_result.stderr
 
 
 # --- agent -----------------------------------------------------------------------------------
