@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import logging
 import math
 import threading
@@ -37,21 +36,16 @@ from typing import Any
 from agent.controller import points
 from agent.controller.driver import Driver, Gate, GateClosed, LinkLost, Unit, open_gate
 from agent.controller.interface import (
-    Controller,
     ControllerError,
     ControllerFault,
     ControllerState,
     ControllerUnavailable,
-    Limits,
     NotSent,
-    PointValue,
     ReadingChanged,
-    SetpointRejected,
     Superseded,
     WriteNotAllowed,
-    as_finite_number,
-    validate_setpoint,
 )
+from agent.line.handle import AvailabilityHandler, DeviceHandle
 from agent.line.schedule import BusSchedule, Change, Kind, Op, Outcome, Refused
 
 log = logging.getLogger(__name__)
@@ -64,7 +58,6 @@ this, while the master still drives the line: a renewal is on its way."""
 
 ReadingHandler = Callable[[str, ControllerState, float], None]
 ReadingFilter = Callable[[str, ControllerState], bool]
-AvailabilityHandler = Callable[[str, bool], None]
 _TOLERANCE = 1e-6
 
 __all__ = ["Bus", "DeviceHandle", "Superseded"]
@@ -237,6 +230,23 @@ class Bus:
             with self._mutex:
                 if self._waiters.pop(op.number, None) is not None:
                     self.schedule.withdraw(op)  # cancelled before it went out
+
+    def add_unit(self, unit: Unit, min_write_interval_s: float) -> DeviceHandle:
+        """A unit joins the line (a reload): polled from the next cycle on."""
+        with self._mutex:
+            self.schedule.add(unit.name, min_write_interval_s)
+            self.units[unit.name] = unit
+            handle = self.handles[unit.name] = DeviceHandle(self, unit)
+        self._work.set()
+        return handle
+
+    def remove_unit(self, name: str) -> None:
+        """A unit leaves the line (a reload): its queued work fails, nothing new starts;
+        a transaction with it on the line now ends as any does."""
+        with self._mutex:
+            dropped = self.schedule.remove(name)
+        for op in dropped:
+            self._answer(op, error=NotSent(f"{name} was removed from the line"))
 
     async def call_on_line(self, call: Callable[[], Any]) -> Any:
         """A driver call of the caller's own, between two transactions (for tests and
@@ -520,179 +530,3 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_exception(error)
     else:
         future.set_result(result)
-
-
-class DeviceHandle(Controller):
-    """One unit on the bus, as the sync sees a controller."""
-
-    def __init__(self, bus: Bus, unit: Unit) -> None:
-        self.bus = bus
-        self.unit = unit
-        self.name = unit.name
-        self._limits: Limits | None = None
-        self._state: ControllerState | None = None
-        self._state_at: float | None = None
-        self._write_at: float | None = None
-        self._available = True
-        self._availability_event = asyncio.Event()
-        self._availability_event.set()
-
-    @property
-    def available(self) -> bool:
-        return self._available and self.bus.line_up
-
-    @property
-    def limits(self) -> Limits | None:
-        """The limits last read."""
-        return self._limits
-
-    @property
-    def last_state(self) -> ControllerState | None:
-        """The state last read (its set point updated by writes)."""
-        return self._state
-
-    @property
-    def last_state_at(self) -> float | None:
-        """When (monotonic) the last reading or write of the unit ended on the wire."""
-        return self._state_at
-
-    @property
-    def last_write_at(self) -> float | None:
-        """When (monotonic) the last write to the unit ended on the wire: it may have
-        reached the unit even if no answer came."""
-        return self._write_at
-
-    def fresh(self, now: float, within_s: float, after: float = float("-inf")) -> bool:
-        """The newest reading ended after `after`, and within `within_s` of `now`."""
-        at = self._state_at
-        return self._state is not None and at is not None and after <= at and now - at <= within_s
-
-    def set_available(self, available: bool) -> None:
-        """On the event loop: the unit left or rejoined (or the whole line did)."""
-        if available == self._available:
-            return
-        self._available = available
-        if available:
-            self._availability_event.set()
-        else:
-            self._availability_event.clear()
-            self._limits = None  # read again before the next write
-        if self.bus.on_availability is not None:
-            try:
-                self.bus.on_availability(self.name, available)
-            except Exception:
-                log.exception("%s: availability handler failed", self.name)
-
-    def note_result(self, op: Op, result: Any, at: float) -> None:
-        """On the bus's thread: what a transaction read, and when it ended (single
-        assignments)."""
-        if op.kind is Kind.LIMITS:
-            self._limits = result
-        elif op.kind is Kind.WRITE:
-            self._write_at = at
-            state = self._state
-            if state is not None:
-                if op.point == "setPoint":
-                    self._state = dataclasses.replace(state, setpoint=result)
-                else:
-                    self._state = dataclasses.replace(
-                        state, points={**state.points, op.point: result}
-                    )
-                self._state_at = at
-        else:
-            self._state, self._state_at = result, at
-
-    def note_write_in_doubt(self, at: float) -> None:
-        """On the bus's thread: a write went out and no good answer came."""
-        self._write_at = at
-
-    async def open(self) -> None:
-        """The bus opens the port; a unit has nothing of its own to open."""
-
-    async def close(self) -> None:
-        """The bus closes the port."""
-
-    async def wait_available(self, timeout_s: float) -> bool:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await self._availability_event.wait()
-        return self.available
-
-    async def read_state(self) -> ControllerState:
-        result: ControllerState = await self.bus.run(Op(self.name, Kind.READ))
-        return result
-
-    async def read_limits(self) -> Limits:
-        result: Limits = await self.bus.run(Op(self.name, Kind.LIMITS))
-        return result
-
-    async def write_setpoint(
-        self,
-        value: object,
-        *,
-        allowed: Callable[[], bool] | None = None,
-        expected: float | None = None,
-        fresh_after: float | None = None,
-    ) -> float:
-        """Checks the value against the controller's limits (InvalidSetpoint, nothing
-        written), rounds it to the step, writes it (never sooner than the unit's least
-        write interval after its previous write) and returns the value read back.
-        `allowed` is asked right before the bytes go out. With `expected`, the write goes
-        out only if the unit still holds that set point, read right before it unless a
-        reading taken after `fresh_after` was the transaction just before (ReadingChanged
-        otherwise, with the new reading)."""
-        as_finite_number(value)  # reject non-numbers before any I/O
-        limits = self._limits or await self.read_limits()
-        target = validate_setpoint(value, limits)
-        op = Op(
-            self.name,
-            Kind.WRITE,
-            target,
-            expected=expected,
-            fresh_after=float("-inf") if fresh_after is None else fresh_after,
-        )
-        try:
-            stored: float = await self.bus.run(op, allowed)
-        except SetpointRejected:
-            self._limits = None  # the limits we checked against are stale
-            raise
-        if not math.isclose(stored, target, abs_tol=1e-9):
-            log.warning("%s: wrote %s, the controller holds %s", self.name, target, stored)
-        return stored
-
-    async def write_point(
-        self,
-        point: str,
-        value: PointValue,
-        *,
-        allowed: Callable[[], bool] | None = None,
-        expected: PointValue | None = None,
-        fresh_after: float | None = None,
-    ) -> PointValue:
-        """`write_setpoint` for any point of the unit's profile: a number checked against
-        its limits and rounded to its step, a choice or a switch checked (InvalidValue,
-        nothing written)."""
-        if point == "setPoint":
-            assert isinstance(value, int | float) and not isinstance(value, bool)
-            return await self.write_setpoint(
-                value,
-                allowed=allowed,
-                expected=None if expected is None else float(expected),
-                fresh_after=fresh_after,
-            )
-        profile = self.unit.profile
-        if profile is None or point not in profile.writable:
-            raise ControllerError(f"{self.name} has no point {point} it can be written")
-        target = points.validate(points.point(point), value, profile.limits(point))
-        op = Op(
-            self.name,
-            Kind.WRITE,
-            target,
-            expected=expected,
-            fresh_after=float("-inf") if fresh_after is None else fresh_after,
-            point=point,
-        )
-        stored: PointValue = await self.bus.run(op, allowed)
-        if not points.same(stored, target):
-            log.warning("%s: wrote %s %s, the unit holds %s", self.name, point, target, stored)
-        return stored

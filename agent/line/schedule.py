@@ -223,6 +223,24 @@ class BusSchedule:
         self._urgent.append(op)
         return None
 
+    def add(self, name: str, min_write_interval_s: float = 0.0) -> None:
+        """A device joins the line (a reload): polled from the next cycle on."""
+        if name in self._devices:
+            raise ValueError(f"device {name} is on the line already")
+        self._devices[name] = _Device(name, min_write_interval_s)
+        self._order.append(name)
+
+    def remove(self, name: str) -> tuple[Op, ...]:
+        """A device leaves the line (a reload); returns its urgent work not started (to
+        be failed by the caller). A transaction with it still on the line ends as any."""
+        self._devices.pop(name, None)
+        if name in self._order:
+            self._order.remove(name)
+        self._cycle = deque(queued for queued in self._cycle if queued != name)
+        dropped = tuple(op for op in self._urgent if op.device == name)
+        self._urgent = deque(op for op in self._urgent if op.device != name)
+        return dropped
+
     def retry_first(self, op: Op) -> None:
         """Urgent work that could not go out yet (the lease did not cover it): first again."""
         self._urgent.appendleft(op)
@@ -285,7 +303,9 @@ class BusSchedule:
         self, op: Op, outcome: Outcome, now: float, took_s: float | None = None
     ) -> Verdict:
         """Records how a transaction ended (`took_s`: how long it held the line)."""
-        device = self._devices[op.device]
+        device = self._devices.get(op.device)
+        if device is None:
+            return Verdict()  # removed while it was on the line
         if op.kind is Kind.WRITE and outcome is not Outcome.LINE_DOWN:
             device.last_write_at = now  # it may have reached the device even so
         if op.kind in (Kind.READ, Kind.LIMITS) and outcome is Outcome.OK:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import random
@@ -32,15 +31,15 @@ from agent.pair.leadership import Leadership, Role
 from agent.runtime import telemetry
 from agent.runtime.clock_guard import ClockStepDetector
 from agent.runtime.control import LineControl
+from agent.runtime.devices import make_sync, watch_device
 from agent.runtime.driving import ActiveLine
 from agent.runtime.health import Health, InstanceView
 from agent.runtime.health_http import HealthEndpoint, unusable_setting
-from agent.runtime.line import device_profile, make_driver, warn_about
+from agent.runtime.line import make_driver, warn_about
 from agent.runtime.notify import Notifier
 from agent.runtime.readiness import CHECK_INTERVAL_S, Readiness
 from agent.runtime.reports import LineRate, device_snapshot, device_view, line_snapshot
-from agent.sync.device import DeviceKeys, DeviceSync
-from agent.sync.state_file import StateFile
+from agent.sync.device import DeviceSync
 
 log = logging.getLogger("agent")
 
@@ -192,23 +191,8 @@ class Agent:
         self.leadership.must_cover(self._driver.longest_transaction_s)
         self.leadership.look_before_contending = self._look_at_the_lock
         for device in self.line.devices:
-            profile = device_profile(s, device)
-            self.devices[device.id] = DeviceSync(
-                device.id,
-                self.client,
-                self.leadership.lock,
-                DeviceKeys(
-                    setpoint=s.key("setpoint", device.id),
-                    record=s.key("synced", device.id),
-                    line=s.key("line", device.id),
-                    line_id=self.line.id,
-                    points={name: s.point_key(name, device.id) for name in profile.points},
-                    lock_of_line=functools.partial(s.keys.of_line, "lock"),
-                ),
-                StateFile(s.state_dir, device.id),
-                logging.LoggerAdapter(log, {"device": device.id}),
-                self.may_write,
-                profile,
+            self.devices[device.id] = make_sync(
+                s, device, self.client, self.leadership.lock, self.may_write
             )
         try:
             if not await self._until_stopped(self._subscribe(), stop):
@@ -305,59 +289,19 @@ class Agent:
         self.session.on_connect(self._on_reconnect)
 
     async def _watch_device(self, device_id: str, sync: DeviceSync) -> bytes | None:
-        """Watches a device's points and its sync record; returns the record. A device
-        whose set point the broker's rules do not let this agent read is left out (said
-        once); the others are served. (A point other than the set point that the rules
-        refuse is left out of the device's sync.)"""
+        """Watches a device's keys (agent.runtime.devices); one that cannot be served is
+        left out. Returns its sync record."""
         assert self.client is not None
-        for point in list(sync.points):
-            key = sync.keys.of(point)
-            try:
-                value, version = await self.client.observe(
-                    key, functools.partial(self._on_point, device_id, point)
-                )
-            except NotAuthorized:
-                with contextlib.suppress(StateStoreError, SessionError):
-                    await self.client.unobserve(key)
-                if point != "setPoint":
-                    del sync.points[point]
-                    log.error(
-                        "%s of device %s is not kept in sync: the store refuses to let this "
-                        "agent read %s (not authorized by the broker's rules)",
-                        point,
-                        device_id,
-                        key,
-                        extra={"device": device_id},
-                    )
-                    continue
-                del self.devices[device_id]
-                log.error(
-                    "device %s is not served: the store refuses to let this agent read %s "
-                    "(not authorized by the broker's rules)",
-                    device_id,
-                    key,
-                    extra={"device": device_id},
-                )
-                return None
-            sync.follow_value(point, value, version)
-            if point == "setPoint":
-                self.health.store_seen(device_id, value, version)
-        try:
-            record, _ = await self.client.observe(
-                sync.keys.record, functools.partial(self._on_record, device_id)
-            )
-        except NotAuthorized:
-            with contextlib.suppress(StateStoreError, SessionError):
-                await self.client.unobserve(sync.keys.record)
-            sync.status.counters.not_authorized += 1
-            log.error(
-                "the store refuses to let this agent read %s (not authorized by the broker's "
-                "rules): a takeover knows less of what the former active synced",
-                sync.keys.record,
-                extra={"device": device_id},
-            )
-            return None
-        await sync.follow_record(record)
+        served, record = await watch_device(
+            self.client,
+            device_id,
+            sync,
+            on_point=self._on_point,
+            on_record=self._on_record,
+            store_seen=self.health.store_seen,
+        )
+        if not served:
+            del self.devices[device_id]
         return record
 
     async def _shutdown(self) -> int:
