@@ -1,7 +1,10 @@
 """One network connection of the session: opening it, and what is in flight on it.
 
 ``open_link`` connects once (TCP, TLS, CONNECT, CONNACK) within a timeout, with a fresh gmqtt
-client, and says why it could not: a CONNACK refusal, a TLS alert, a hang-up, a timeout.
+client, and says why it could not: a CONNACK refusal, a TLS alert, a hang-up, a timeout. A
+broker that hangs up on a plain CONNECT without a word is asked for a TLS handshake
+(``speaks_tls``): a TLS port, what a plain client gets there (mosquitto, the emulator), is
+then said at once, instead of a hang-up retried until the caller's time is up.
 
 Every request holding a packet id (QoS 1 PUBLISH, SUBSCRIBE, UNSUBSCRIBE) holds a permit of the
 link's in-flight window from the moment it is sent until its acknowledgement or the loss of the
@@ -33,7 +36,9 @@ from agent.client.session_errors import (
     SessionTimeout,
     SettingNames,
     TlsHangUp,
+    TlsPortWithoutTls,
     connack_error,
+    is_not_tls,
     own_names,
 )
 from agent.message import Message
@@ -187,12 +192,13 @@ async def open_link(
     """Connect once: TCP, TLS, CONNECT and CONNACK, all within ``connect_timeout``.
 
     Returns the link, connected; raises ConnectionRefused (CONNACK), an OSError or SSLError
-    (network, TLS), NotConnected (closed before CONNACK) or SessionTimeout. ``on_lost`` is
-    called for a link that fails here too, as for one lost later. Settings to check are
-    named by ``names``.
+    (network, TLS), NotConnected (closed before CONNACK; TlsPortWithoutTls when the port
+    speaks TLS) or SessionTimeout. ``on_lost`` is called for a link that fails here too, as
+    for one lost later. Settings to check are named by ``names``.
     """
     where = f"{settings.host}:{settings.port}"
     link = Link(where)
+    deadline = asyncio.get_running_loop().time() + connect_timeout
 
     def refused_v5() -> None:
         link.refused_v5 = True
@@ -244,10 +250,11 @@ async def open_link(
                 # its alert is lost to the connection reset.
                 raise TlsHangUp(settings.tls.cert_file is not None, names)
             # What a TLS port does with a plain CONNECT: closes without a word we can read.
-            raise NotConnected(
-                "the broker closed the connection before CONNACK "
-                f"(a TLS port? see {names('mqtt.tls.enabled')})"
-            )
+            # A broker going down does so too, so ask the port before saying which it is.
+            left = deadline - asyncio.get_running_loop().time()
+            if await speaks_tls(settings.host, settings.port, timeout=min(left, TLS_PROBE_S)):
+                raise TlsPortWithoutTls(names)
+            raise NotConnected("the broker closed the connection before CONNACK")
         timeout = names("mqtt.connect_timeout_s")
         if ssl_context is not None and not client.transport_up:
             # A port without TLS that waits for more of what it takes for a CONNECT.
@@ -265,6 +272,31 @@ async def open_link(
             if not connect.cancelled():
                 connect.exception()  # retrieved: it was reported above, or is moot
             on_lost(link, None)
+
+
+TLS_PROBE_S = 2.0
+"""At most this long for a port that hung up on a plain CONNECT to answer a TLS handshake."""
+
+
+async def speaks_tls(host: str, port: int, *, timeout: float) -> bool:
+    """Whether ``host:port`` answers a TLS handshake (its certificate not looked at): a
+    handshake that completes, or that the server ends with an alert of its own (a client
+    certificate it requires), is TLS; a record that is not TLS, a hang-up, nothing within
+    ``timeout``, is not."""
+    if timeout <= 0:
+        return False
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False  # nothing is trusted or sent over it: a yes or a no
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        async with asyncio.timeout(timeout):
+            _, writer = await asyncio.open_connection(host, port, ssl=context)
+    except ssl.SSLError as exc:
+        return not is_not_tls(exc)
+    except (OSError, TimeoutError):
+        return False
+    writer.transport.abort()
+    return True
 
 
 async def wait_until(

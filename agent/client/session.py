@@ -58,6 +58,7 @@ from agent.client.session_errors import (
     SessionTimeout,
     SettingNames,
     SubscribeFailed,
+    TlsPortWithoutTls,
     own_names,
 )
 from agent.client.subscriptions import Subscriptions, send_subscribe
@@ -81,6 +82,7 @@ __all__ = [
     "SessionTimeout",
     "SettingNames",
     "SubscribeFailed",
+    "TlsPortWithoutTls",
     "TlsSetupFailed",
 ]
 

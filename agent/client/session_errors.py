@@ -122,6 +122,18 @@ class TlsHangUp(NotConnected):
         super().__init__(f"the broker closed the TLS connection before CONNACK ({hint})")
 
 
+class TlsPortWithoutTls(NotConnected):
+    """The broker hung up on a plain CONNECT, and its port answers a TLS handshake: the
+    client was not set to use TLS. Retrying the same way cannot help."""
+
+    def __init__(self, names: SettingNames = own_names) -> None:
+        super().__init__(
+            "the port speaks TLS, and this client connected without it: set "
+            f"{names('mqtt.tls.enabled')} (and {names('mqtt.tls.ca_file')} for a CA of "
+            "your own)"
+        )
+
+
 class ConnectFailed(SessionError, ConnectionError):
     """A connection attempt failed in a way that waiting will not soon change (nothing listens
     on the port, the host name does not resolve, the broker's certificate does not verify),
@@ -220,7 +232,9 @@ def is_definitive(error: BaseException) -> bool:
     if isinstance(error, ssl.SSLError):
         # An EOF in the handshake is a peer that went away, which may be a restart.
         return not isinstance(error, ssl.SSLEOFError | ssl.SSLZeroReturnError)
-    return isinstance(error, ConnectionRefusedError | socket.gaierror | TlsHangUp)
+    return isinstance(
+        error, ConnectionRefusedError | socket.gaierror | TlsHangUp | TlsPortWithoutTls
+    )
 
 
 # What OpenSSL makes of an answer that is not TLS: an MQTT packet read as a TLS record.
@@ -229,8 +243,18 @@ _NOT_TLS = frozenset(
 )
 
 
+def is_not_tls(error: ssl.SSLError) -> bool:
+    """Whether a handshake failed because the peer does not speak TLS: it answered with
+    something else, or hung up."""
+    if isinstance(error, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        return True
+    return (error.reason or "") in _NOT_TLS
+
+
 def describe_connect_failure(error: BaseException, names: SettingNames = own_names) -> str:
     """A failed connection attempt in words an operator can act on (after "host:port: ")."""
+    if isinstance(error, TlsPortWithoutTls):
+        return str(error)
     if isinstance(error, ConnectionRefusedError):
         return "connection refused: nothing accepts connections there"
     if isinstance(error, socket.gaierror):

@@ -79,6 +79,10 @@ CASES = {
         {"ca_file": "ca", "cert_file": "other_client_cert", "key_file": "client_key"},
         "(refused|accept) the client certificate",
     ),
+    # Was: a hang-up before CONNACK, retried until the wait was over, then "a TLS port?".
+    "plain-client-on-a-tls-port": Case(
+        {}, {}, "the port speaks TLS, and this client connected without it"
+    ),
 }
 ACCEPTED = [name for name, case in CASES.items() if case.refusal is None]
 REFUSED = [name for name, case in CASES.items() if case.refusal is not None]
