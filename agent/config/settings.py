@@ -237,8 +237,9 @@ def resolve_line(settings: AgentSettings) -> Line:
         # AGENT_DEVICE_ID makes (its keys and lock are the same), listed so as to name its
         # profile: said as a device, not as a line of one.
         alone = len(devices) == 1 and devices[0].address is None
-        single = alone and devices[0].id == settings.line_id
-        return Line(settings.line_id, tuple(devices), single=single)
+        return Line(
+            settings.line_id, tuple(devices), single=alone and devices[0].id == settings.line_id
+        )
     device_id = settings.device_id or settings.line_id
     if device_id is None:
         raise LineConfigError(
