@@ -185,19 +185,22 @@ class BusSchedule:
         return list(self._order)
 
     def quarantined(self, device: str) -> bool:
-        return self._devices[device].quarantined
+        known = self._devices.get(device)  # (one joining or leaving at a reload: not)
+        return known is not None and known.quarantined
 
     def pending(self) -> list[Op]:
         return list(self._urgent)
 
     def slow(self, device: str) -> float | None:
         """How long the device's transactions take, if it is slow; None if not."""
-        took = self._devices[device].took_s
+        known = self._devices.get(device)
+        took = None if known is None else known.took_s
         return took if self._is_slow(took) else None
 
     def errors(self, device: str) -> int:
         """Garbled answers the device gave, all told."""
-        return self._devices[device].errors
+        known = self._devices.get(device)
+        return 0 if known is None else known.errors
 
     def _is_slow(self, took: float | None) -> bool:
         return self.poll_s > 0 and took is not None and took >= SLOW_FACTOR * self.poll_s

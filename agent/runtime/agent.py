@@ -28,7 +28,7 @@ from agent.controller.driver import Driver, PortClaim, PortTaken, is_device_path
 from agent.line.bus import Bus
 from agent.ops.control import SwitchoverRequest
 from agent.pair.leadership import Leadership, Role
-from agent.runtime import telemetry
+from agent.runtime import reload, telemetry
 from agent.runtime.clock_guard import ClockStepDetector
 from agent.runtime.control import LineControl
 from agent.runtime.devices import make_sync, watch_device
@@ -37,7 +37,7 @@ from agent.runtime.health import Health, InstanceView
 from agent.runtime.health_http import HealthEndpoint, unusable_setting
 from agent.runtime.line import make_driver, warn_about
 from agent.runtime.notify import Notifier
-from agent.runtime.readiness import CHECK_INTERVAL_S, Readiness
+from agent.runtime.readiness import Readiness
 from agent.runtime.reports import LineRate, device_snapshot, device_view, line_snapshot
 from agent.sync.device import DeviceSync
 
@@ -83,6 +83,7 @@ class Agent:
         )
         self._endpoint: HealthEndpoint | None = None
         self.config_hash = config_hash(settings)
+        self._reloading = asyncio.Lock()
         self.readiness = Readiness(settings.serial.url, self.line.id, settings.instance_id)
 
     # ------------------------------------------------------------------ state
@@ -209,7 +210,7 @@ class Agent:
             # Health from before the first contention: a takeover waiting out the previous
             # lease says so, rather than not reporting at all.
             self._spawn(self.health.run())
-            self._spawn(self._check_readiness())
+            self._spawn(self.readiness.run(lambda: self.role is Role.ACTIVE, self.health.poke))
             await self.leadership.contend()
             if self.role is Role.ACTIVE:
                 # Ready with the devices' state in its words, once they are reconciled.
@@ -506,13 +507,6 @@ class Agent:
             if self.active_line is not None:
                 await self.active_line.recheck_claims()
 
-    async def _check_readiness(self) -> None:
-        """While not active: could this instance take over now?"""
-        while True:
-            if self.role is not Role.ACTIVE and await self.readiness.check():
-                self.health.poke()
-            await asyncio.sleep(CHECK_INTERVAL_S)
-
     async def _telemetry_job(self) -> None:
         if self.session is None or not self.session.connected:
             return
@@ -636,6 +630,47 @@ class Agent:
         self._endpoint = endpoint
         log.info("health endpoint at http://%s:%d/health", host, port)
         return True
+
+    # ------------------------------------------------------------------ reload
+
+    def request_reload(self, load: Callable[[], AgentSettings | str]) -> None:
+        """SIGHUP: the devices and profiles read again, applied (agent.runtime.reload)."""
+        self._spawn(self._reload(load))
+
+    async def _reload(self, load: Callable[[], AgentSettings | str]) -> None:
+        async with self._reloading:
+            found = await asyncio.to_thread(load)  # files read off the event loop
+            why = found if isinstance(found, str) else reload.refusal(self.settings, found)
+            if why is not None or isinstance(found, str):
+                log.error("reload refused: %s; running configuration %s", why, self.config_hash)
+                return
+            later = reload.restart_only(self.settings, found)
+            if later:
+                log.warning("reload: %s changed: applies at a restart", ", ".join(later))
+            changes = reload.device_changes(self.line, found.line)
+            if not changes or self.client is None or self.active_line is None:
+                log.info("reload: no device changed (configuration %s)", self.config_hash)
+                return
+            settings, before = reload.running(self.settings, found), self.config_hash
+            client, lock = self.client, self.leadership.lock if self.leadership else None
+            assert lock is not None
+            async with self.active_line.lock:  # not while the line opens, closes, pauses
+                self.settings = self.active_line.settings = settings
+                self.line = self.health.line = settings.line
+                self.config_hash = config_hash(settings)
+                await reload.apply(
+                    changes,
+                    settings,
+                    self.devices,
+                    make=lambda device: make_sync(settings, device, client, lock, self.may_write),
+                    watch=self._watch_device,
+                    client=client,
+                    bus=self.bus,
+                )
+            log.info(
+                "reloaded: %s (configuration %s, was %s)", changes.words(), self.config_hash, before
+            )
+            self.health.poke()
 
     def _spawn(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(work)

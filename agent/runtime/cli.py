@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -12,7 +13,7 @@ import platform
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -262,7 +263,7 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
         return asyncio.run(
             simulate(settings, pair=args.pair, use_broker=broker_configured, status=args.status)
         )
-    return asyncio.run(_run(settings))
+    return asyncio.run(_run(settings, functools.partial(_reload_settings, args)))
 
 
 def _print_config(args: argparse.Namespace, settings: AgentSettings) -> int:
@@ -358,7 +359,17 @@ def agent_version() -> str:
         return "unknown"
 
 
-async def _run(settings: AgentSettings) -> int:
+def _reload_settings(args: argparse.Namespace) -> AgentSettings | str:
+    """The settings read again for a reload, or why they cannot be (one line)."""
+    try:
+        return load_settings(args)
+    except ValidationError as exc:
+        return "invalid setting " + "; ".join(setting_errors(exc))
+    except ConfigError as exc:
+        return f"invalid setting {exc}"
+
+
+async def _run(settings: AgentSettings, load: Callable[[], AgentSettings | str]) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -372,6 +383,9 @@ async def _run(settings: AgentSettings) -> int:
     )
     notifier = Notifier()
     try:
-        return await Agent(settings, notifier=notifier).run(stop)
+        agent = Agent(settings, notifier=notifier)
+        # systemctl reload (ExecReload=): the devices and profiles read again.
+        loop.add_signal_handler(signal.SIGHUP, agent.request_reload, load)
+        return await agent.run(stop)
     finally:
         notifier.close()

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from agent.controller.driver import is_device_path
@@ -83,3 +84,10 @@ class Readiness:
             log.info("standby %s of line %s is ready to take over again", self.instance, self.line)
         self.not_ready = found
         return True
+
+    async def run(self, active: Callable[[], bool], changed: Callable[[], None]) -> None:
+        """Checks every CHECK_INTERVAL_S while not `active()`; `changed()` on a new answer."""
+        while True:
+            if not active() and await self.check():
+                changed()
+            await asyncio.sleep(CHECK_INTERVAL_S)
