@@ -6,13 +6,17 @@ controller, its last sync and its errors (the active's retained status). Without
 argument, every line whose agents have reported. A device names its line
 (`<device>\\line`); with the single-device configuration the line is the device.
 
-`--watch` redraws it in place until Ctrl-C; `--json` prints it as JSON. Connection settings
-as for `agent store`.
+The view fits the terminal (80x24 when it is not one): the pair, every device while they
+fit, else the devices with a problem and a count of the others; `--all` lists every device.
+`--watch` redraws it in place until Ctrl-C, through broker outages (it says since when the
+broker is unreachable, and carries on when it is back); `--json` prints it all as JSON.
+Connection settings as for `agent store`.
 
 Exit codes: 0 ok (an active, a standby, every device answering and in sync), 1 no active
 (nobody holds the lock, or no agent has reported), 5 degraded (no standby, an instance
 failing or silent, a device not answering or not in sync), 6 paused; 2 usage, 3 service
-error, 4 connection failure or timeout. With several lines, the worst.
+error, 4 connection failure or timeout (for --watch: the broker unreachable when it
+stopped). With several lines, the worst.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import shutil
 import signal
 import sys
 import time
@@ -28,11 +34,14 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from agent.client.cli import (
+    EXIT_CONNECTION,
     EXIT_USAGE,
     UsageError,
     connection_options,
     run_one_shot,
 )
+from agent.client.errors import StateStoreError
+from agent.client.session import SessionError
 from agent.client.statestore import StateStoreClient
 from agent.ops import view
 from agent.ops.keys import KeyTemplates, line_of
@@ -43,6 +52,10 @@ NAME = "agent status"
 CLEAR = "\x1b[H\x1b[2J"
 REDRAW_AT_MOST_S = 0.25
 """Changes arriving together are shown together."""
+HEADING_ROWS = 2
+"""With --watch: the heading and a blank line above the view."""
+RECONNECT_CEILING_S = 2.0
+"""With --watch: the longest wait between two attempts to reach the broker again."""
 
 
 def register(subparsers: Any) -> None:
@@ -54,6 +67,12 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("target", nargs="?", metavar="LINE_OR_DEVICE")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        dest="every",
+        help="list every device, not only those with a problem when they do not all fit",
+    )
     parser.add_argument(
         "--watch",
         "-W",
@@ -84,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
             watch=args.watch,
             interval=args.interval,
             stop=stop,
+            every=args.every,
         )
 
     return run_one_shot(args, NAME, work, check)
@@ -126,10 +146,13 @@ async def show(
     interval: float,
     stop: asyncio.Event,
     out: TextIO | None = None,
-    footer: Callable[[], list[str]] = list,
+    footer: Callable[[int], list[str]] = lambda rows: [],
+    footer_rows: int = 0,
+    every: bool = False,
 ) -> int:
     """Prints the status of `target` (every line when None) once, or redraws it until
-    `stop`; returns the exit code of the last view."""
+    `stop`; returns the exit code of the last view. The view fits the terminal with
+    `footer_rows` left under it, which `footer(rows left)` fills."""
     stream = out or sys.stdout
     retained = Retained(client.session)
     try:
@@ -138,21 +161,16 @@ async def show(
         print(f"{NAME}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     clear = watch and stream.isatty()
+    outage = Outage(client, retained.changed) if watch else None
     while True:
-        reports = [view.assess(await w.read(), time.time()) for w in lines]
-        code = view.worst([r.code for r in reports])
-        if as_json:
-            text = view.as_json(reports)
-        elif reports:
-            text = "\n\n".join(view.render(r) for r in reports)
-        else:
-            text = (
-                f"no agent has reported (no health messages on {health_filter(templates.health)})"
-            )
+        size = shutil.get_terminal_size()
+        rows = size.lines - (HEADING_ROWS if watch else 0) - footer_rows - 1
+        code, text = await _frame(lines, outage, as_json, target, templates, rows, size, every)
         if watch:
             stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
             heading = f"agent status {target or ''} at {stamp} (Ctrl-C to stop)"
-            text = "\n".join([heading, "", text, *footer()])
+            left = size.lines - HEADING_ROWS - text.count("\n") - 2
+            text = "\n".join([heading, "", text, *footer(left)])
         stream.write((CLEAR if clear else "") + text + "\n" + ("" if clear else "\n" * watch))
         stream.flush()
         if not watch:
@@ -164,6 +182,70 @@ async def show(
         if stop.is_set():
             return code
         await asyncio.sleep(REDRAW_AT_MOST_S)
+
+
+async def _frame(
+    lines: list[LineWatch],
+    outage: Outage | None,
+    as_json: bool,
+    target: str | None,
+    templates: KeyTemplates,
+    rows: int,
+    size: os.terminal_size,
+    every: bool,
+) -> tuple[int, str]:
+    """One view: the exit code and the text. While watching, a broker that cannot be
+    reached is said (since when), not a reason to stop."""
+    try:
+        if outage is not None and not outage.client.session.connected:
+            raise outage.down
+        reports = [view.assess(await w.read(), time.time()) for w in lines]
+    except (SessionError, StateStoreError) as exc:
+        if outage is None:
+            raise
+        return EXIT_CONNECTION, outage.say(exc)
+    if outage is not None:
+        outage.since = None
+    code = view.worst([r.code for r in reports])
+    if as_json:
+        return code, view.as_json(reports)
+    if not reports:
+        filter_ = health_filter(templates.health)
+        return code, f"no agent has reported (no health messages on {filter_})"
+    each = max(1, (rows - len(reports) + 1) // len(reports))  # a blank line between two
+    shown = [view.render(r, rows=each, width=size.columns, every=every) for r in reports]
+    return code, "\n\n".join(shown)
+
+
+class Outage:
+    """The broker out of reach while --watch runs: since when, and why; the view is woken
+    when the session loses or regains its link."""
+
+    def __init__(self, client: StateStoreClient, wake: asyncio.Event) -> None:
+        self.client = client
+        self.since: float | None = None
+        self.down = SessionError("the connection to the broker is lost; reconnecting")
+        session = client.session
+        # Back within a few seconds of the broker, not after a backoff grown over a long
+        # outage.
+        session.set_reconnect_ceiling(RECONNECT_CEILING_S)
+        session.on_disconnect(lambda *_: wake.set())
+
+        async def connected() -> None:
+            wake.set()
+
+        session.on_connect(connected)
+
+    def say(self, exc: Exception) -> str:
+        now = time.time()
+        if self.since is None:
+            self.since = now
+        at = datetime.fromtimestamp(self.since).astimezone().strftime("%H:%M:%S")
+        return (
+            f" The broker is unreachable since {at} ({view.age(now - self.since)}): {exc}\n"
+            " What the line does now is unknown; this view carries on when it is back.\n"
+            f" Status: unknown: no broker (exit {EXIT_CONNECTION})"
+        )
 
 
 async def _first(*waits: Any) -> None:

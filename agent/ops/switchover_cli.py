@@ -9,7 +9,7 @@ request. If nobody takes over in time (exit 4), the request is withdrawn and the
 active takes the lock back after its grace period.
 
 Refused (exit 1) when nobody holds the lock, when --to names the active itself or an
-instance that is not a standby up (its heartbeat), or when no standby is up; refused with
+instance that is not a standby up and ready (its heartbeat), or when no standby is; refused with
 exit 7 for a line or device no agent has reported, 2 for one that is not a valid name
 (--force to ask anyway, but for an invalid name). Connection settings and the other exit
 codes as for `agent store`.
@@ -107,11 +107,7 @@ async def switchover(
     old = report.holder
     if args.to == old:
         return _fail(f"{old} is already the active of line {line}")
-    standbys = [
-        r.instance
-        for r in report.instances
-        if r.instance != old and r.up and r.role == "standby" and r.state != "failing"
-    ]
+    standbys = [r.instance for r in report.instances if r.instance != old and r.can_take_over]
     if args.to is not None and args.to not in standbys and not args.force:
         shown = ", ".join(standbys) or "none"
         return _fail(f"{args.to} is not a standby that is up (standbys up: {shown})")

@@ -7,16 +7,27 @@ Exit codes (the worst line's, with several lines):
 - 0: one instance holds the lock and says it is up, a standby is up, every device answers
   and is in sync;
 - 1: nobody holds the line's lock (no active), or no agent has ever reported for it;
-- 5: degraded: an active, but no standby up, an instance failing or silent, or a device
-  not answering, not in sync or not reported;
+- 5: degraded: an active, but no standby ready to take over (none up, one not responding,
+  failing or not ready), the active not responding, failing or still taking over, the
+  instances running different configurations, a device claimed by another line too, or a
+  device not answering, not in sync or not reported (one being reconciled after a takeover
+  is no problem);
 - 6: paused (maintenance): the active holds the lock and leaves the line alone.
 
 2, 3 and 4 are those of `agent store`: usage, service error, connection failure.
+
+The lock says who is active, whatever an instance claims; an instance whose heartbeat is
+stale is "not responding", whatever it said last. What older agents do not say (uptime,
+configuration hash, readiness, a takeover's lock delay, reconciling, conflicts) is left out.
+
+Shown, a line fits a terminal: the pair, the devices while they fit (else those with a
+problem, and a count of the others), the verdict.
 """
 
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -99,6 +110,31 @@ class InstanceRow:
     up: bool
     version: str | None
     summary: str | None
+    host: str | None = None
+    pid: int | None = None
+    uptime_s: float | None = None
+    """Since its process started (`started_at`), while it is up."""
+    config_hash: str | None = None
+    ready: bool | None = None
+    """False: a standby that could not take over (`not_ready` says why); None: not said."""
+    not_ready: str | None = None
+    taking_over_s: float | None = None
+    """Holding the lock, the lock delay still left (now, not when it was said)."""
+    reconciling: int | None = None
+    """Devices not yet reconciled since the takeover (the active)."""
+    conflicts: list[dict[str, str]] = field(default_factory=list)
+    """Devices another line claims too, left alone here: device, line."""
+    problem: str | None = None
+    """Why it says it is failing."""
+
+    @property
+    def can_take_over(self) -> bool:
+        return (
+            self.up
+            and self.role == "standby"
+            and self.state != "failing"
+            and self.ready is not False
+        )
 
 
 @dataclass
@@ -115,6 +151,10 @@ class DeviceRow:
     problem: str | None
     refused: str | None = None
     """The last remote value the unit could not take, and why."""
+    reconciling: bool = False
+    """Being reconciled after a takeover: store and unit may differ for a moment."""
+    served_by: str | None = None
+    """Another line that serves it (configured on both): this line leaves it alone."""
 
 
 @dataclass
@@ -136,6 +176,10 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def _epoch(iso: Any) -> float | None:
     if not isinstance(iso, str):
         return None
@@ -143,6 +187,16 @@ def _epoch(iso: Any) -> float | None:
         return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def _conflicts(value: Any) -> list[dict[str, str]]:
+    found = []
+    for item in value if isinstance(value, list) else []:
+        if isinstance(item, dict):
+            device, line = _text(item.get("device")), _text(item.get("line"))
+            if device is not None and line is not None:
+                found.append({"device": device, "line": line})
+    return found
 
 
 def _instance_row(
@@ -153,12 +207,29 @@ def _instance_row(
     heartbeat = _number(doc.get("heartbeat_s")) or 5.0
     age = None if sent is None else round(max(0.0, now - sent), 3)
     status = doc.get("status")
-    up = status == "up" and age is not None and age <= STALE_HEARTBEATS * heartbeat + 1
     own_role = str(doc.get("role") or "?")
+    silent_after = STALE_HEARTBEATS * heartbeat + 1
+    if own_role == "active" and holder is not None and name != holder:
+        # Another holds the lock: a live instance says it is no longer active within a
+        # lease or so; one that still says it after two is frozen or cut off.
+        ttl_s = (_number(doc.get("ttl_ms")) or DEFAULT_TTL_MS) / 1000
+        silent_after = min(silent_after, 2 * ttl_s + 1)
+    up = status == "up" and age is not None and age <= silent_after
+    ready = doc.get("ready") if isinstance(doc.get("ready"), bool) else None
+    taking_over = _number(doc.get("taking_over_s"))
+    if taking_over is not None and age is not None:
+        taking_over = round(max(0.0, taking_over - age), 1)  # said `age` seconds ago
     if status == "down":
         role, state = "down", str(doc.get("reason") or "down")
     elif not up:
-        role, state = own_role, "silent"
+        # A frozen process, a lost link the will has not told yet: what it said last is
+        # no longer true, whatever role it claimed.
+        role = "not responding"
+        state = "never heard" if age is None else f"heard {_age(age)} ago"
+    elif name == holder and taking_over is not None and taking_over > 0:
+        role, state = own_role, "taking over"
+    elif own_role != "active" and ready is False:
+        role, state = own_role, "not ready"
     else:
         role, state = own_role, str(doc.get("state") or "?")
     if name == holder:
@@ -167,6 +238,9 @@ def _instance_row(
         role = "active, no lock"  # it has not said otherwise yet, or it is wrong
     version = doc.get("version")
     summary = doc.get("summary")
+    started = _number(doc.get("started_at"))
+    pid = doc.get("pid")
+    reconciling = doc.get("reconciling")
     return InstanceRow(
         instance=name,
         role=role,
@@ -177,6 +251,16 @@ def _instance_row(
         up=up,
         version=str(version) if version is not None else None,
         summary=str(summary) if summary is not None else None,
+        host=_text(doc.get("host")),
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        uptime_s=None if started is None or not up else round(max(0.0, now - started), 3),
+        config_hash=_text(doc.get("config_hash")),
+        ready=ready,
+        not_ready=_text(doc.get("not_ready")),
+        taking_over_s=taking_over if name == holder and up else None,
+        reconciling=reconciling if isinstance(reconciling, int) and up else None,
+        conflicts=_conflicts(doc.get("conflicts")) if up else [],
+        problem=_text(doc.get("problem")),
     )
 
 
@@ -191,6 +275,8 @@ def _device_row(device: str, snapshot: DeviceSnapshot, holder: str | None, now: 
     )
     availability = status.get("availability")
     in_sync = status.get("in_sync") if isinstance(status.get("in_sync"), bool) else None
+    reconciling = status.get("reconciling") is True
+    served_by = _text(status.get("served_by"))
     last_sync = status.get("last_sync")
     synced_at = _epoch(last_sync)
     problem = None
@@ -198,9 +284,11 @@ def _device_row(device: str, snapshot: DeviceSnapshot, holder: str | None, now: 
         problem = "no status reported"
     elif holder is not None and status.get("instance") != holder:
         problem = f"status from {status.get('instance')}, not the active"
+    elif served_by is not None:
+        problem = f"left to line {served_by}"
     elif availability != "online":
         problem = "paused" if status.get("controller") == "paused" else "not answering"
-    elif not in_sync:
+    elif not in_sync and not reconciling:
         problem = "not in sync"
     refused = status.get("refused")
     refusal = (
@@ -220,7 +308,64 @@ def _device_row(device: str, snapshot: DeviceSnapshot, holder: str | None, now: 
         availability=availability if isinstance(availability, str) else None,
         errors=counted,
         problem=problem,
+        reconciling=reconciling and problem is None,
+        served_by=served_by,
     )
+
+
+def _instance_problems(line: str, instances: list[InstanceRow], holder: str) -> list[str]:
+    """What is wrong with the instances, the lock's holder first: the lock says who is
+    active, whatever an instance claims."""
+    problems: list[str] = []
+    active = instances[0]
+    if active.state == "taking over":
+        problems.append(
+            f"{holder} taking over: waiting for the previous lease to end "
+            f"({active.taking_over_s:.1f} s left)"
+        )
+    elif active.heartbeat_age_s is None:
+        problems.append(f"the active {holder} does not report (no health heartbeat)")
+    elif not active.up:
+        problems.append(f"the active {holder} {_not_responding(active)}")
+    elif active.state == "failing" and not active.conflicts:
+        problems.append(f"the active {holder} is failing" + _why(active.problem))
+    explained = False
+    for row in instances[1:]:
+        if row.role == "not responding":
+            problems.append(f"{row.instance} {_not_responding(row)}")
+        elif row.up and row.ready is False and row.role != "active, no lock":
+            problems.append(f"{row.instance} cannot take over: {row.not_ready or 'not ready'}")
+        elif row.up and row.state == "failing":
+            problems.append(f"{row.instance} is failing" + _why(row.problem))
+        else:
+            continue
+        explained = True
+    if not any(r.can_take_over for r in instances[1:]) and not explained:
+        problems.append("no standby")
+    hashes = {r.config_hash for r in instances if r.up and r.config_hash}
+    if len(hashes) > 1:
+        shown = ", ".join(
+            f"{r.instance} {r.config_hash}" for r in instances if r.up and r.config_hash
+        )
+        problems.append(f"the instances run different configurations ({shown})")
+    claimed: dict[str, str] = {}
+    for row in instances:
+        for conflict in row.conflicts:
+            claimed.setdefault(conflict["device"], conflict["line"])
+    problems += [
+        f"{device} is configured on lines {line} and {other}: served by {other} only"
+        for device, other in claimed.items()
+    ]
+    return problems
+
+
+def _not_responding(row: InstanceRow) -> str:
+    heard = "" if row.heartbeat_age_s is None else f" (last heard {_age(row.heartbeat_age_s)} ago)"
+    return f"is not responding{heard}"
+
+
+def _why(problem: str | None) -> str:
+    return "" if problem is None else f": {problem}"
 
 
 def assess(snapshot: LineSnapshot, now: float) -> Report:
@@ -244,38 +389,47 @@ def assess(snapshot: LineSnapshot, now: float) -> Report:
         for d in snapshot.device_ids()
     ]
 
-    problems: list[str] = []
+    def report(code: int, verdict: str, problems: list[str]) -> Report:
+        return Report(
+            snapshot.line, code, verdict, problems, holder, token, lease, snapshot.paused,
+            snapshot.switchover, instances, devices,
+        )  # fmt: skip
+
     if holder is None:
         seen = snapshot.health or any(d.status for d in snapshot.devices.values())
         verdict = "no active: nobody holds the lock" if seen else "no agent has reported"
-        return Report(
-            snapshot.line, NO_ACTIVE, verdict, [verdict], None, None, None,
-            snapshot.paused, snapshot.switchover, instances, devices,
-        )  # fmt: skip
-    active_row = instances[0]
-    if not active_row.up:
-        problems.append(f"the active {holder} does not report (no health heartbeat)")
-    elif active_row.state == "failing":
-        problems.append(f"the active {holder} is failing")
-    standbys = [r for r in instances[1:] if r.up and r.role == "standby"]
-    for row in instances[1:]:
-        if row.up and row.state == "failing":
-            problems.append(f"{row.instance} is failing")
-    if not any(r.state != "failing" for r in standbys):
-        problems.append("no standby")
+        return report(NO_ACTIVE, verdict, [verdict])
+    problems = _instance_problems(snapshot.line, instances, holder)
     if snapshot.paused is not None:
-        verdict = f"paused: {snapshot.paused.describe()}"
-        return Report(
-            snapshot.line, PAUSED, verdict, problems, holder, token, lease, snapshot.paused,
-            snapshot.switchover, instances, devices,
-        )  # fmt: skip
-    problems += [f"{d.device} {d.problem}" for d in devices if d.problem is not None]
-    code = DEGRADED if problems else OK
-    verdict = "degraded: " + "; ".join(problems) if problems else "ok"
-    return Report(
-        snapshot.line, code, verdict, problems, holder, token, lease, snapshot.paused,
-        snapshot.switchover, instances, devices,
-    )  # fmt: skip
+        return report(PAUSED, f"paused: {snapshot.paused.describe()}", problems)
+    conflicting = {c["device"] for row in instances for c in row.conflicts}
+    troubled = [d for d in devices if d.problem is not None and d.device not in conflicting]
+    problems += [f"{d.device} {d.problem}" for d in troubled]
+    if problems:
+        shown = problems[: len(problems) - len(troubled)] + _grouped(troubled)
+        return report(DEGRADED, "degraded: " + "; ".join(shown), problems)
+    reconciling = sum(d.reconciling for d in devices) or instances[0].reconciling or 0
+    if reconciling:
+        noun = "device" if reconciling == 1 else "devices"
+        return report(OK, f"ok, reconciling {reconciling} {noun} after the takeover", [])
+    return report(OK, "ok", [])
+
+
+def _grouped(devices: list[DeviceRow]) -> list[str]:
+    """Devices with the same problem said once: `30 devices not answering (t01, t02, +28)`."""
+    by_problem: dict[str, list[str]] = {}
+    for device in devices:
+        by_problem.setdefault(device.problem or "", []).append(device.device)
+    return [
+        f"{names[0]} {problem}"
+        if len(names) == 1
+        else f"{len(names)} devices {problem} ({_named(names)})"
+        for problem, names in by_problem.items()
+    ]
+
+
+def _named(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f", +{len(names) - shown}" if len(names) > shown else "")
 
 
 # --------------------------------------------------------------------------- showing
@@ -290,7 +444,12 @@ def age(seconds: float | None) -> str:
         return f"{seconds:.0f} s"
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.0f} h"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+_age = age
 
 
 def _value(value: float | None) -> str:
@@ -305,12 +464,35 @@ def _stored(text: str | None) -> str:
     return stored_number_text(text.encode()) or text
 
 
-def table(title: str, headers: list[str], rows: list[list[str]]) -> list[str]:
-    """A box table; the title sits in its top border, as patronictl shows a cluster."""
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(0, width - 1)] + "…"
+
+
+def table(
+    title: str,
+    headers: list[str],
+    rows: list[list[str]],
+    *,
+    width: int | None = None,
+    flexible: int = -1,
+) -> list[str]:
+    """A box table; the title sits in its top border, as patronictl shows a cluster. Wider
+    than `width`, the `flexible` column's cells are cut (with …) to fit."""
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    flexible %= len(headers)
+    over = sum(widths) + 3 * len(widths) + 1 - (width or 0)
+    if width is not None and over > 0:
+        widths[flexible] = max(len(headers[flexible]), widths[flexible] - over)
+        rows = [
+            [_cut(c, widths[flexible]) if i == flexible else c for i, c in enumerate(r)]
+            for r in rows
+        ]
     top = f"+ {title} "
-    top = top + rule[len(top) :] if len(top) < len(rule) else top + "-+"
+    short = len(top) + 2 - (sum(widths) + 3 * len(widths) + 1)
+    if short > 0:  # as wide as its title
+        widths[-1] += short
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    top += "-" * (len(rule) - len(top) - 1) + "+"
 
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
@@ -318,50 +500,104 @@ def table(title: str, headers: list[str], rows: list[list[str]]) -> list[str]:
     return [top, line(headers), rule, *(line(r) for r in rows), rule]
 
 
-def render(report: Report) -> str:
-    instances = [
+def _instance_table(report: Report, width: int | None) -> list[str]:
+    rows = [
         [
             r.instance,
             r.role,
             r.state,
-            r.token or "",
             age(r.lease_s),
-            "" if r.heartbeat_age_s is None else age(r.heartbeat_age_s) + " ago",
-            r.version or "",
+            age(r.uptime_s),
+            r.host or "",
+            "" if r.pid is None else str(r.pid),
         ]
         for r in report.instances
     ]
-    out = table(
-        f"Line: {report.line}",
-        ["Instance", "Role", "State", "Token", "Lease", "Heartbeat", "Version"],
-        instances,
-    )
-    if report.devices:
-        rows = [
-            [
-                d.device,
-                _stored(d.store),
-                _value(d.controller),
-                _value(d.temperature),
-                "" if d.in_sync is None else "yes" if d.in_sync else "no",
-                "" if d.last_sync_age_s is None else age(d.last_sync_age_s) + " ago",
-                d.availability or "",
-                ", ".join(f"{ERROR_NAMES.get(k, k)} {v}" for k, v in d.errors.items()),
-            ]
-            for d in report.devices
+    title = f"Line: {report.line}" + ("" if report.token is None else f", token {report.token}")
+    headers = ["Instance", "Role", "State", "Lease", "Up", "Host", "Pid"]
+    return table(title, headers, rows, width=width, flexible=5)
+
+
+def _sync(device: DeviceRow) -> str:
+    if device.reconciling:
+        return "reconciling"
+    if device.availability not in (None, "online"):
+        return "paused" if device.problem == "paused" else device.availability or ""
+    return "" if device.in_sync is None else "yes" if device.in_sync else "no"
+
+
+def _device_table(report: Report, devices: list[DeviceRow], width: int | None) -> list[str]:
+    rows = [
+        [
+            d.device,
+            _stored(d.store),
+            _value(d.controller),
+            _value(d.temperature),
+            _sync(d),
+            "" if d.last_sync_age_s is None else age(d.last_sync_age_s) + " ago",
+            d.problem or ", ".join(f"{ERROR_NAMES.get(k, k)} {v}" for k, v in d.errors.items()),
         ]
-        headers = ["Device", "Store", "Controller", "Temp", "In sync", "Last sync",
-                   "Availability", "Errors"]  # fmt: skip
-        out += table(f"Devices of {report.line}", headers, rows)
-        out += [f" {d.device}: {d.refused}" for d in report.devices if d.refused is not None]
+        for d in devices
+    ]
+    headers = ["Device", "Store", "Unit", "Temp", "In sync", "Synced", "Problem, errors"]
+    lines = table(f"Devices of {report.line}", headers, rows, width=width)
+    refusals = [f" {d.device}: {d.refused}" for d in devices if d.refused is not None]
+    return lines + [_cut(r, width) if width else r for r in refusals]
+
+
+def _device_lines(report: Report, rows: int | None, width: int | None, every: bool) -> list[str]:
+    """Every device while they fit in `rows` (or with `every`); else those with a problem
+    (as many as fit) and a count of the others."""
+    devices = report.devices
+    if not devices:
+        return []
+
+    def cost(shown: list[DeviceRow]) -> int:
+        return 4 + len(shown) + sum(d.refused is not None for d in shown) if shown else 0
+
+    if every or rows is None or cost(devices) <= rows:
+        return _device_table(report, devices, width)
+    shown: list[DeviceRow] = []
+    for device in (d for d in devices if d.problem is not None or d.refused is not None):
+        if cost([*shown, device]) + 1 > rows:
+            break
+        shown.append(device)
+    rest = [d for d in devices if d not in shown]
+    troubled = sum(d.problem is not None for d in rest)
+    reconciling = sum(d.reconciling for d in rest)
+    counts = [
+        f"{n} {what}"
+        for n, what in (
+            (len(rest) - troubled - reconciling, "in sync"),
+            (reconciling, "reconciling"),
+            (troubled, "with a problem"),
+        )
+        if n
+    ]
+    more = "more " if shown else ""
+    noun = "device" if len(rest) == 1 else "devices"
+    summary = f" {len(rest)} {more}{noun}: {', '.join(counts)} (--all lists every device)"
+    return [*(_device_table(report, shown, width) if shown else []), summary]
+
+
+def render(
+    report: Report, *, rows: int | None = None, width: int | None = None, every: bool = False
+) -> str:
+    """The view of one line, in `rows` x `width` when given: the pair, the devices that fit
+    (those with a problem first), the verdict; `every` lists every device."""
+    head = _instance_table(report, width)
+    notes = []
     if report.paused is not None:
-        out.append(f" Paused: {report.paused.describe()}")
+        notes.append(f" Paused: {report.paused.describe()}")
     if report.switchover is not None:
         request = report.switchover
         to = request.to or "any standby"
-        out.append(f" Switchover requested: {holder_instance(request.holder)} -> {to}")
-    out.append(f" Status: {report.verdict} (exit {report.code})")
-    return "\n".join(out)
+        notes.append(f" Switchover requested: {holder_instance(request.holder)} -> {to}")
+    verdict = f" Status: {report.verdict} (exit {report.code})"
+    tail = [_cut(n, width) if width else n for n in notes]
+    tail += textwrap.wrap(verdict, width, subsequent_indent="   ") if width else [verdict]
+    room = None if rows is None else rows - len(head) - len(tail)
+    return "\n".join([*head, *_device_lines(report, room, width, every), *tail])
 
 
 def as_json(reports: list[Report]) -> str:

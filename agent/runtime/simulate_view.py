@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
+import shutil
 import uuid
 
 from agent.client.session import Session, SessionError
@@ -17,6 +19,9 @@ from agent.ops.keys import KeyTemplates
 from agent.ops.status_cli import show
 
 RECENT_LINES = 8
+FOOTER_ROWS = 2
+"""Kept under the status view at least: the view has the screen first (a line of 8 fits
+24 rows), what to try and the log take the rows it leaves."""
 
 log = logging.getLogger("agent")
 
@@ -59,8 +64,8 @@ async def status_view(
         return
     templates = KeyTemplates(keys=settings.keys, health=settings.health)
 
-    def footer() -> list[str]:
-        return ["", *hints, "", "Latest log lines:", *recent.lines]
+    def footer(rows: int) -> list[str]:
+        return fit_footer(hints, list(recent.lines), rows, shutil.get_terminal_size().columns)
 
     try:
         async with StateStoreClient(session) as client:
@@ -73,6 +78,37 @@ async def status_view(
                 interval=1.0,
                 stop=stop,
                 footer=footer,
+                footer_rows=FOOTER_ROWS,
             )
     finally:
         await session.stop()
+
+
+def fit_footer(hints: list[str], logs: list[str], rows: int, width: int) -> list[str]:
+    """What to try and the latest log lines, in `rows` rows of `width` columns: all of it
+    when it fits; else a third for the log and the hints cut (a command is never cut in
+    the middle, a log line is)."""
+    hints = [h for h in hints if h.strip()]
+    logs = [line[:width] for line in logs]
+
+    def height(lines: list[str]) -> int:
+        return sum(max(1, math.ceil(len(line) / max(1, width))) for line in lines)
+
+    room = rows - 1  # a blank line above
+    if room <= 0:
+        return []
+    log = ["Latest log lines:", *logs]
+    if height(hints) + len(log) <= room:
+        return ["", *hints, *log]
+    log_rows = min(len(log), room // 3)
+    log = log[:1] + logs[len(logs) - log_rows + 1 :] if log_rows >= 2 else []
+    shown: list[str] = []
+    for index, hint in enumerate(hints):
+        more = f"({len(hints) - index} more lines of what to try in a taller terminal)"
+        if height([*shown, hint]) + height([more]) + len(log) > room and index < len(hints) - 1:
+            shown.append(more)
+            break
+        shown.append(hint)
+    while shown and height(shown) + len(log) > room:
+        shown.pop()
+    return ["", *shown, *log]

@@ -50,9 +50,10 @@ def test_status_shows_who_holds_the_lock_the_standby_and_every_device(
     assert code == 0 and by_device["lines"][0]["line"] == LINE
     table = command(line, "status", "t03")
     assert table.returncode == 0
-    assert re.search(r"\| a +\| active +\| running +\| \d{15}:", table.stdout), table.stdout
+    assert re.search(r"\+ Line: floor3, token \d{15}:", table.stdout), table.stdout
+    assert re.search(r"\| a +\| active +\| running +\| \d", table.stdout), table.stdout
     assert re.search(r"\| b +\| standby +\| running", table.stdout)
-    assert re.search(r"\| t04 +\| 20\.0 +\| 20 ", table.stdout)
+    assert re.search(r"\| t04 +\| 20\.0 +\| 20\.0 ", table.stdout)
     assert "Status: ok (exit 0)" in table.stdout
 
     # Without an argument: every line that has reported.
@@ -70,14 +71,16 @@ def test_exit_codes_a_script_can_use(line: LineRig, topics: Topics) -> None:
     code, document = status(line, LINE)
     assert code == 5 and document["lines"][0]["problems"] == ["no standby"]
 
-    standby = line.start_agent("b")
+    standby = line.start_agent("b", AGENT_SERIAL__PROBE_INTERVAL_S="0.5")  # as configured
     standby.wait_for_new(STANDBY)
     topics.wait(health_topic(LINE, "b"), lambda d: d["role"] == "standby")
-    assert status(line, LINE)[0] == 0
+    code, document = status(line, LINE)
+    assert code == 0, document["lines"][0]["problems"]
 
     # A unit that stops answering: degraded, named.
+    mark = topics.count("devices/t02/availability")
     line.background.call(lambda: line.unit(2).fault("SILENT", 60))
-    topics.wait("devices/t02/availability", lambda p: p == b"offline", parse=False)
+    topics.wait("devices/t02/availability", lambda p: p == b"offline", after=mark, parse=False)
     code, document = status(line, LINE)
     assert code == 5 and "t02 not answering" in document["lines"][0]["problems"]
     mark = topics.count("devices/t02/availability")
@@ -144,13 +147,44 @@ def test_a_single_device_is_its_own_line(tmp_path: Path) -> None:
 
 
 def test_simulate_shows_the_live_view() -> None:
-    simulation = AgentProcess(["--simulate", "--status", "--pair", "--units", "2"])
+    simulation = AgentProcess(
+        ["--simulate", "--status", "--pair", "--units", "2"], {"LINES": "60", "COLUMNS": "100"}
+    )
     try:
         simulation.wait_for_new(re.compile(r"\| a-standby +\| standby +\| running"), timeout=20)
-        simulation.wait_for(re.compile(r"\| floor-1-t02 \| 20\.0 +\| 20 "))
+        simulation.wait_for(re.compile(r"\| floor-1-t02 \| 20\.0 +\| 20\.0 "))
         simulation.wait_for(re.compile(r"Status: ok \(exit 0\)"))
         simulation.wait_for(re.compile(r"agent switchover floor-1"))  # what to try
         simulation.wait_for(re.compile(r"Latest log lines:"))
+        simulation.signal(signal.SIGTERM)
+        assert simulation.proc.wait(15) == 0
+    finally:
+        simulation.stop()
+
+
+def frames(process: AgentProcess, count: int) -> list[list[str]]:
+    """The next `count` whole frames the view prints (not to a terminal: one after another,
+    each from its heading to the blank line before the next one)."""
+    heading = re.compile(r"^agent status .* at \d{4}-\d\d-\d\d ")
+    for _ in range(count + 1):
+        process.wait_for_new(heading, timeout=10)
+    starts = [i for i, line in enumerate(process.lines) if heading.search(line)]
+    return [
+        [line.rstrip("\n") for line in process.lines[start : end - 1]]
+        for start, end in zip(starts[-count - 1 : -1], starts[-count:], strict=True)
+    ]
+
+
+def test_simulate_fits_80x24_with_a_line_of_8() -> None:
+    simulation = AgentProcess(
+        ["--simulate", "--status", "--pair", "--units", "8"], {"LINES": "24", "COLUMNS": "80"}
+    )
+    try:
+        simulation.wait_for_new(re.compile(r"Status: ok \(exit 0\)"), timeout=30)
+        for frame in frames(simulation, 2):
+            assert len(frame) <= 23 and max(map(len, frame)) <= 80, "\n".join(frame)
+            assert sum(line.startswith("| floor-1-t0") for line in frame) == 8, frame
+            assert frame[-1].strip(), frame  # no wasted row at the end
         simulation.signal(signal.SIGTERM)
         assert simulation.proc.wait(15) == 0
     finally:

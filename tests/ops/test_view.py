@@ -92,7 +92,11 @@ def test_the_lock_decides_who_is_active_whatever_an_instance_says() -> None:
     [
         (lambda s: setattr(s, "holder", None), view.NO_ACTIVE, "no active: nobody holds the lock"),
         (lambda s: s.health.pop("gw2"), view.DEGRADED, "no standby"),
-        (lambda s: s.health["gw2"].update(time=NOW - 17), view.DEGRADED, "no standby"),
+        (
+            lambda s: s.health["gw2"].update(time=NOW - 17),
+            view.DEGRADED,
+            "gw2 is not responding (last heard 17 s ago)",
+        ),
         (
             lambda s: s.health["gw2"].update(status="down", reason="stopped"),
             view.DEGRADED,
@@ -101,6 +105,11 @@ def test_the_lock_decides_who_is_active_whatever_an_instance_says() -> None:
         (lambda s: s.health["gw2"].update(state="failing"), view.DEGRADED, "gw2 is failing"),
         (
             lambda s: s.health["gw1"].update(time=NOW - 60),
+            view.DEGRADED,
+            "the active gw1 is not responding (last heard 60 s ago)",
+        ),
+        (
+            lambda s: s.health.pop("gw1"),
             view.DEGRADED,
             "the active gw1 does not report (no health heartbeat)",
         ),
@@ -163,14 +172,14 @@ def test_the_devices_are_the_actives_then_the_others_and_the_named_one() -> None
 def test_the_table_like_patronictl_list() -> None:
     snapshot = healthy()
     snapshot.switchover = SwitchoverRequest("gw1#0a1b2c3d", "gw2", "ops@x", "")
+    snapshot.health["gw1"].update(host="gw-floor3-a", started_at=NOW - 7200)
     text = view.render(view.assess(snapshot, NOW))
     lines = text.splitlines()
-    assert lines[0].startswith("+ Line: floor3 ---")
+    assert lines[0].startswith("+ Line: floor3, token 001799999999000:00003:store ---")
     assert len({len(line) for line in lines[:6]}) == 1  # a box: every row as wide
-    assert (
-        "| gw1      | active  | running | 001799999999000:00003:store | 2.0 s | 1.0 s ago" in text
-    )
-    assert "| t01    | 21.5  | 21.5       | 20.25 | yes     |" in text
+    assert "| gw1      | active  | running | 2.0 s | 2 h | gw-floor3-a | 10  |" in text
+    assert "| gw2      | standby | running |       |     |             | 10  |" in text
+    assert "| t01    | 21.5  | 21.5 | 20.25 | yes     |" in text
     assert "store 2" in text
     assert " Switchover requested: gw1 -> gw2" in text
     assert lines[-1] == " Status: ok (exit 0)"
@@ -209,3 +218,168 @@ def test_a_set_point_reads_the_same_in_the_store_and_the_controller_columns() ->
     text = view.render(view.assess(snapshot, NOW))
     [row] = [line for line in text.splitlines() if line.startswith("| t01 ")]
     assert row.split("|")[2].strip() == "warm"
+
+
+# --------------------------------------------------------------------------- after faults
+
+
+def test_a_frozen_former_active_is_not_responding_and_the_holder_decides() -> None:
+    """SIGSTOP'd, the former active's last word (active, running) stays retained while its
+    lease ends and the standby takes the lock."""
+    snapshot = healthy()
+    snapshot.holder = b"gw2#ffff0000"
+    snapshot.health["gw2"]["role"] = "active"
+    snapshot.health["gw1"]["time"] = NOW - 12
+    for device in snapshot.devices.values():
+        device.status["instance"] = "gw2"  # type: ignore[index]
+    report = view.assess(snapshot, NOW)
+    assert report.holder == "gw2" and report.code == view.DEGRADED
+    assert [(r.instance, r.role, r.state) for r in report.instances] == [
+        ("gw2", "active", "running"),
+        ("gw1", "not responding", "heard 12 s ago"),
+    ]
+    assert report.problems == ["gw1 is not responding (last heard 12 s ago)"]
+    assert report.verdict == "degraded: gw1 is not responding (last heard 12 s ago)"
+    assert "| gw1      | not responding | heard 12 s ago |" in view.render(report)
+
+
+def test_a_holder_in_its_lock_delay_is_taking_over() -> None:
+    snapshot = healthy()
+    snapshot.health["gw1"].update(taking_over_s=2.0, time=NOW - 0.8, state="running")
+    report = view.assess(snapshot, NOW)
+    assert report.instances[0].state == "taking over"
+    assert report.problems == [
+        "gw1 taking over: waiting for the previous lease to end (1.2 s left)"
+    ]
+    snapshot.health["gw1"].update(taking_over_s=0.0)  # the delay is over: nothing to say
+    assert view.assess(snapshot, NOW).code == view.OK
+
+
+def test_devices_reconciled_after_a_takeover_are_not_out_of_sync() -> None:
+    snapshot = healthy()
+    snapshot.health["gw1"]["reconciling"] = 2
+    for device in snapshot.devices.values():
+        device.status.update(in_sync=False, reconciling=True)  # type: ignore[union-attr]
+    report = view.assess(snapshot, NOW)
+    assert (report.code, report.problems) == (view.OK, [])
+    assert report.verdict == "ok, reconciling 2 devices after the takeover"
+    assert "| t01    | 21.5  | 21.5 | 20.25 | reconciling |" in view.render(report)
+
+
+def test_a_device_claimed_by_another_line_names_both_lines() -> None:
+    snapshot = healthy()
+    snapshot.health["gw1"].update(
+        state="failing",
+        problem="served by another line too, left alone here: t02 (line floor4)",
+        conflicts=[{"device": "t02", "line": "floor4"}, {"bad": 1}, "t09"],
+    )
+    snapshot.devices["t02"].status.update(availability="offline", served_by="floor4")  # type: ignore[union-attr]
+    report = view.assess(snapshot, NOW)
+    assert report.code == view.DEGRADED
+    assert report.problems == [
+        "t02 is configured on lines floor3 and floor4: served by floor4 only"
+    ]
+    assert report.devices[1].problem == "left to line floor4"
+
+
+def test_a_standby_that_cannot_take_over_is_a_problem() -> None:
+    snapshot = healthy()
+    snapshot.health["gw2"].update(
+        state="failing",
+        ready=False,
+        not_ready="serial port /dev/ttyX does not exist",
+        problem="cannot take over: serial port /dev/ttyX does not exist",
+    )
+    report = view.assess(snapshot, NOW)
+    assert report.instances[1].state == "not ready"
+    assert report.problems == ["gw2 cannot take over: serial port /dev/ttyX does not exist"]
+
+
+def test_a_pair_that_runs_different_configurations_is_a_problem() -> None:
+    snapshot = healthy()
+    snapshot.health["gw1"]["config_hash"] = "3f2a91c0"
+    snapshot.health["gw2"]["config_hash"] = "3f2a91c0"
+    assert view.assess(snapshot, NOW).code == view.OK
+    snapshot.health["gw2"]["config_hash"] = "9c1d0e22"
+    report = view.assess(snapshot, NOW)
+    assert report.problems == [
+        "the instances run different configurations (gw1 3f2a91c0, gw2 9c1d0e22)"
+    ]
+
+
+def test_host_pid_and_uptime_when_the_agent_says_them() -> None:
+    snapshot = healthy()
+    snapshot.health["gw1"].update(host="gw-a", pid=4242, started_at=NOW - 600)
+    active, standby = view.assess(snapshot, NOW).instances
+    assert (active.host, active.pid, active.uptime_s) == ("gw-a", 4242, 600.0)
+    assert (standby.host, standby.uptime_s) == (None, None)  # an older agent: not said
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        {"taking_over_s": "soon", "reconciling": "many", "conflicts": {"t01": 1}},
+        {"started_at": [], "host": 7, "pid": True, "ready": "no", "config_hash": 3},
+    ],
+)
+def test_what_makes_no_sense_is_ignored(junk: dict[str, Any]) -> None:
+    snapshot = healthy()
+    snapshot.health["gw1"].update(junk)
+    report = view.assess(snapshot, NOW)
+    assert report.code == view.OK, report.problems
+    assert view.render(report)
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def line_of(count: int) -> LineSnapshot:
+    snapshot = healthy()
+    ids = [f"floor3-t{n:02d}" for n in range(1, count + 1)]
+    for name in ("gw1", "gw2"):
+        snapshot.health[name].update(devices=ids, host=f"gw-floor3-{name}", started_at=NOW)
+    snapshot.devices = {d: DeviceSnapshot(b"21.5", device_status(d)) for d in ids}
+    return snapshot
+
+
+def fits(text: str, rows: int, width: int = 80) -> list[str]:
+    lines = text.splitlines()
+    assert len(lines) <= rows and max(map(len, lines)) <= width, "\n" + text
+    return lines
+
+
+def test_a_line_of_32_fits_80x24_with_the_devices_that_have_a_problem() -> None:
+    snapshot = line_of(32)
+    for name in ("floor3-t07", "floor3-t19"):
+        snapshot.devices[name].status.update(availability="offline")  # type: ignore[union-attr]
+    report = view.assess(snapshot, NOW)
+    lines = fits(view.render(report, rows=22, width=80), 22)
+    shown = [line.split()[1] for line in lines if line.startswith("| floor3-t")]
+    assert shown == ["floor3-t07", "floor3-t19"]
+    assert " 30 more devices: 30 in sync (--all lists every device)" in lines
+    assert lines[-1].endswith("(exit 5)")
+    every = view.render(report, rows=22, width=80, every=True).splitlines()
+    assert len([line for line in every if line.startswith("| floor3-t")]) == 32
+    # Healthy, and room enough: every device.
+    assert "| floor3-t04 |" in view.render(view.assess(line_of(4), NOW), rows=22, width=80)
+
+
+def test_a_line_of_32_all_failing_still_fits_and_says_it_in_one_verdict() -> None:
+    snapshot = line_of(32)
+    for device in snapshot.devices.values():
+        device.status.update(availability="offline")  # type: ignore[union-attr]
+    report = view.assess(snapshot, NOW)
+    lines = fits(view.render(report, rows=22, width=80), 22)
+    assert (
+        " Status: degraded: 32 devices not answering (floor3-t01, floor3-t02, floor3-t03,"
+        in (lines[-2])
+    )
+    assert len(report.problems) == 32  # every one in the JSON
+    assert fits(view.render(report, rows=9, width=80), 9)[-3].startswith(" 32 devices: 32 with")
+
+
+def test_a_long_host_name_is_cut_to_the_width() -> None:
+    snapshot = line_of(2)
+    snapshot.health["gw1"]["host"] = "gw-" + "x" * 120
+    lines = fits(view.render(view.assess(snapshot, NOW), rows=22, width=80), 22)
+    assert any("…" in line for line in lines)
