@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "switchover": "agent.ops.switchover_cli",
     "pause": "agent.ops.pause_cli:register_pause",
     "resume": "agent.ops.pause_cli:register_resume",
+    "history": "agent.ops.history_cli",
 }
 
 EXIT_USAGE = 2

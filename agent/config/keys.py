@@ -32,11 +32,16 @@ class KeySettings(BaseModel):
         default="{line}\\switchover",
         description="Key of a planned handover's request (agent switchover).",
     )
+    history: str = Field(
+        default="{line}\\history",
+        description="Key of the line's history: takeovers, switchovers, pauses, step-downs "
+        "(agent history), the newest kept.",
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> Self:
         per_device = ("setpoint", "synced", "line")
-        per_line = ("lock", "paused", "switchover")
+        per_line = ("lock", "paused", "switchover", "history")
         for name in (*per_device, *per_line):
             try:
                 getattr(self, name).format(device="d", line="l")
@@ -58,8 +63,8 @@ class KeySettings(BaseModel):
         names = (*per_device, *per_line)
         if len({getattr(self, name) for name in names}) < len(names):
             raise ValueError(
-                "keys.setpoint, keys.synced, keys.line, keys.lock, keys.paused and "
-                "keys.switchover must differ"
+                "keys.setpoint, keys.synced, keys.line, keys.lock, keys.paused, "
+                "keys.switchover and keys.history must differ"
             )
         return self
 
@@ -74,6 +79,6 @@ class KeySettings(BaseModel):
         return self.point.format(device=device, line=line, point=point)
 
     def of_line(self, name: str, line: str) -> str:
-        """A line's key: `lock`, `paused` or `switchover` ({device} is the line's id too, as
-        for a single device that is its own line)."""
+        """A line's key: `lock`, `paused`, `switchover` or `history` ({device} is the line's
+        id too, as for a single device that is its own line)."""
         return self.of(name, device=line, line=line)

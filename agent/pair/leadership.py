@@ -93,6 +93,8 @@ class Leadership:
         # Run before contending again after a lease the store no longer had: looks for a
         # proof that the store kept its contents (see store_kept_its_contents).
         self.look_before_contending: Callable[[], Awaitable[None]] | None = None
+        # Shown every change of the lock first (the line's history names former holders).
+        self.on_lock_seen: Callable[[KeyChange], None] = lambda change: None
         self.taking_over_until: float | None = None
         """While holding the lock and waiting for the previous lease to end: until when
         (monotonic)."""
@@ -342,6 +344,7 @@ class Leadership:
     # ------------------------------------------------------------------ seeing the lock
 
     def _on_lock_change(self, change: KeyChange) -> None:
+        self.on_lock_seen(change)
         if change.kind == "SET":
             self._saw_holder(change.value, live=not change.synthetic)
         elif not change.synthetic:

@@ -36,6 +36,7 @@ from agent.runtime.driving import ActiveLine
 from agent.runtime.health import Health, InstanceView
 from agent.runtime.health_http import HealthEndpoint, unusable_setting
 from agent.runtime.line import make_driver, warn_about
+from agent.runtime.line_history import LineHistory
 from agent.runtime.notify import Notifier
 from agent.runtime.readiness import Readiness
 from agent.runtime.reports import LineRate, device_snapshot, device_view, line_snapshot
@@ -85,6 +86,9 @@ class Agent:
         self.config_hash = config_hash(settings)
         self._reloading = asyncio.Lock()
         self.readiness = Readiness(settings.serial.url, self.line.id, settings.instance_id)
+        self.history = LineHistory(
+            settings, self.process, lambda: self.client, lambda: self.control, self._spawn
+        )
 
     # ------------------------------------------------------------------ state
 
@@ -191,6 +195,7 @@ class Agent:
         assert self._driver is not None
         self.leadership.must_cover(self._driver.longest_transaction_s)
         self.leadership.look_before_contending = self._look_at_the_lock
+        self.leadership.on_lock_seen = self.history.saw_lock
         for device in self.line.devices:
             self.devices[device.id] = make_sync(
                 s, device, self.client, self.leadership.lock, self.may_write
@@ -345,7 +350,8 @@ class Agent:
     async def _take_over_line(self) -> None:
         """Opens the line as the new active (its devices reconciled as it goes); a paused
         line stays closed until it is resumed."""
-        assert self.active_line is not None
+        assert self.active_line is not None and self.leadership is not None
+        self.history.took_over(self.leadership.lock.token)
         async with self.active_line.lock:
             if self.control is not None and self.control.paused:
                 log.info("the line is paused: it stays closed until resumed")
@@ -363,6 +369,7 @@ class Agent:
 
     async def _step_down_line(self, reason: str) -> None:
         assert self.active_line is not None
+        self.history.stepped_down(reason)
         async with self.active_line.lock:
             await self._close_line()
         self._role_changed()
@@ -382,8 +389,10 @@ class Agent:
                 closing = "the line is closed" if self.bus is not None else "the line stays closed"
                 log.info("line paused (%s): %s, nothing is written", pause.describe(), closing)
                 await self._close_line()
+                self.history.paused(self.leadership and self.leadership.token, pause)
             elif self.role is Role.ACTIVE and self.bus is None and self.may_write():
                 log.info("line resumed: reconciling every device")
+                self.history.resumed(self.leadership and self.leadership.token)
                 await self.active_line.open()
             else:
                 log.info("line resumed")
@@ -396,6 +405,7 @@ class Agent:
     async def _switch_over(self, request: SwitchoverRequest) -> None:
         assert self.leadership is not None and self.control is not None
         self.control.stand_aside()
+        self.history.handing_over()
         reason = f"switchover to {request.to or 'a standby'} requested by {request.by or '?'}"
         if await self.leadership.hand_over(reason, self._wait_for_operations):
             self._role_changed()

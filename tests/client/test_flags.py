@@ -320,6 +320,7 @@ def agent_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
         "--telemetry-line-topic": ("plant/{line}/t", "plant/{line}/t"),
         "--keys-paused": ("{line}/pz", "{line}/pz"),
         "--keys-switchover": ("{line}/so", "{line}/so"),
+        "--keys-history": ("{line}/hi", "{line}/hi"),
         "--health-topic": ("plant/{line}/{instance}/h", "plant/{line}/{instance}/h"),
         "--health-device-topic": ("plant/{device}/s", "plant/{device}/s"),
         "--health-availability-topic": ("plant/{device}/a", "plant/{device}/a"),
