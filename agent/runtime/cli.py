@@ -105,6 +105,11 @@ def build_parser(subcommands: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser.add_argument(
         "--print-config", action="store_true", help="print the effective settings and exit"
     )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"agent {agent_version()} (Python {platform.python_version()})",
+    )
     parser.add_argument("--env-file", type=Path, help="read settings from this env file too")
     groups: dict[str, argparse._ArgumentGroup] = {}
     for path, field in _settings_fields(AgentSettings):
