@@ -186,12 +186,22 @@ class Driver(ABC):
         cover for the gate to let it go)."""
         return self.transaction_s(*self.poll_frame)
 
-    def pass_gate(self, gate: Gate, lasts_s: float, what: str) -> None:
+    def pass_gate(self, gate: Gate, lasts_s: float, what: str) -> Callable[[], bool]:
         """Step 2 of the contract: GateClosed unless the gate lets a transaction of
-        `lasts_s` go now."""
+        `lasts_s` go now. Returns the same question for the port to ask once more right
+        before the first byte (SerialPort.send): a process paused between the two (frozen,
+        or its thread descheduled with a pause coming) must not write after its lease."""
         if not gate(lasts_s):
             self.stats.gated += 1
             raise GateClosed(f"{what}: not sent (the lease would not cover it)")
+
+        def last_look() -> bool:
+            if gate(lasts_s):
+                return True
+            self.stats.gated += 1
+            return False
+
+        return last_look
 
     @property
     def worst_case_call_s(self) -> float:

@@ -189,8 +189,8 @@ class LineDriver(Driver):
         self._wait_out_late_reply(self.port.wait_for_quiet, unit.address)
         self.port.discard_input()
         self._splitter.clear()
-        self.pass_gate(gate, self.transaction_s(len(line), LONGEST_REPLY_BYTES), what)
-        self.port.send(line)
+        last_look = self.pass_gate(gate, self.transaction_s(len(line), LONGEST_REPLY_BYTES), what)
+        self.port.send(line, last_look)
         log.debug("sent %r", line)
         try:
             payload = self._read_reply(unit, what, len(line))

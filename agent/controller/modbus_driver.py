@@ -142,8 +142,8 @@ class ModbusDriver(Driver):
         expected = rtu.reply_bytes(request)
         self._wait_out_late_reply(self.port.wait_for_quiet, unit.address)
         self.port.discard_input()
-        self.pass_gate(gate, self.transaction_s(len(request), expected), what)
-        self.port.send(request)
+        last_look = self.pass_gate(gate, self.transaction_s(len(request), expected), what)
+        self.port.send(request, last_look)
         # The reply's first byte is due a turnaround after the request's last one; the
         # clock starts when write() returns, before the request is on the wire.
         deadline = time.monotonic() + self.timing.chars_s(len(request)) + self.reply_timeout_s

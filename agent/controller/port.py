@@ -19,11 +19,18 @@ import socket
 import struct
 import termios
 import time
+from collections.abc import Callable
 from typing import Any
 
 import serial  # type: ignore[import-untyped]
 
-from agent.controller.driver import WRITE_TIMEOUT_S, LinkLost, LinkStats, is_device_path
+from agent.controller.driver import (
+    WRITE_TIMEOUT_S,
+    GateClosed,
+    LinkLost,
+    LinkStats,
+    is_device_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +121,12 @@ class SerialPort:
         except PORT_ERRORS as exc:
             raise LinkLost(str(exc)) from exc
 
-    def send(self, frame: bytes) -> None:
-        """Writes `frame` within WRITE_TIMEOUT_S, or aborts the port (LinkLost)."""
+    def send(self, frame: bytes, last_look: Callable[[], bool] | None = None) -> None:
+        """Writes `frame` within WRITE_TIMEOUT_S, or aborts the port (LinkLost).
+        `last_look()` is asked right before the write (GateClosed when it says no)."""
         port = self._open_port()
+        if last_look is not None and not last_look():
+            raise GateClosed(f"{self.url}: not sent (the lease ended before the first byte)")
         try:
             port.write(frame)
         except serial.SerialTimeoutException as exc:

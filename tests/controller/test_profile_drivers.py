@@ -193,15 +193,21 @@ async def test_the_gate_is_asked_before_every_exchange(rig: Rig) -> None:
         asked.append(lasts_s)
         return True
 
+    # Asked twice an exchange: at the gate, and once more right before the first byte.
     await rig.call(rig.driver.write_point, unit(), "fan", "low", gate)
-    assert len(asked) == (2 if rig.modbus else 1)
+    assert len(asked) == 2 * (2 if rig.modbus else 1)
     assert all(0 < lasts <= rig.driver.longest_transaction_s for lasts in asked)
     asked.clear()
     await rig.call(rig.driver.read_state, unit(), gate)
-    assert len(asked) == 1
+    assert len(asked) == 2
     before = rig.seq
     with pytest.raises(GateClosed):
         await rig.call(rig.driver.write_point, unit(), "fan", "high", lambda lasts_s: False)
+    assert rig.since(before) == [] and rig.line.unit(2).point("fan") == "low"
+    # The lease ended between the gate and the first byte (a pause there): nothing sent.
+    answers = iter([True, False])
+    with pytest.raises(GateClosed):
+        await rig.call(rig.driver.write_point, unit(), "fan", "high", lambda lasts_s: next(answers))
     assert rig.since(before) == [] and rig.line.unit(2).point("fan") == "low"
 
 
