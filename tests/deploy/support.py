@@ -91,13 +91,18 @@ def debian_python() -> str:
 
 
 def add_systemd_units(root: Path) -> None:
-    """Give a directory tree systemd's own units, so that `verify --root` can load ours."""
+    """Give a directory tree systemd's own units, so that `verify --root` can load ours, and
+    the shell every Debian system has, which the unit's ExecReload= runs."""
     source = next((d for d in SYSTEMD_UNIT_DIRS if (d / "sysinit.target").exists()), None)
     if source is None:
         missing("systemd's units are not installed (Debian: systemd)")
     target = root / "usr" / "lib" / "systemd" / "system"
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+    shell = root / "bin" / "sh"
+    if not shell.exists():
+        shell.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.realpath("/bin/sh"), shell)
 
 
 def verify_unit(root: Path, unit: str = f"agent@{LINE}.service") -> str:

@@ -4,7 +4,10 @@ what the agent expects of it (notify, exit code 78, credentials, the state direc
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,6 +133,33 @@ def test_restarts_on_failure_but_not_on_a_bad_configuration(unit: dict) -> None:
 def test_waits_for_the_network_and_the_clock(unit: dict) -> None:
     assert {"network-online.target", "time-sync.target"} <= words(unit, "Unit", "After")
     assert "network-online.target" in words(unit, "Unit", "Wants")
+
+
+def test_reload_sends_sighup_to_the_main_process_alone(unit: dict) -> None:
+    """ExecReload= run as systemd runs it (MAINPID in its environment, no PATH of ours): the
+    agent's main process gets SIGHUP, which reads its devices again; nothing else is sent."""
+    command = shlex.split(one(unit, "Service", "ExecReload"))
+    assert command[0] == "/bin/sh", "the shell every gateway has (procps's kill may be missing)"
+    catcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys\n"
+            "signal.signal(signal.SIGHUP, lambda *_: (print('HUP', flush=True), sys.exit(0)))\n"
+            "print('ready', flush=True)\n"
+            "signal.pause()\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert catcher.stdout is not None and catcher.stdout.readline() == "ready\n"
+        run(command, env={"MAINPID": str(catcher.pid)}, timeout=10)
+        assert catcher.stdout.readline() == "HUP\n"
+        assert catcher.wait(10) == 0
+    finally:
+        catcher.kill()
+        catcher.wait()
 
 
 def test_line_from_the_instance_name_and_settings_from_its_env_file(unit: dict) -> None:
