@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "pause": "agent.ops.pause_cli:register_pause",
     "resume": "agent.ops.pause_cli:register_resume",
     "history": "agent.ops.history_cli",
+    "forget": "agent.ops.forget_cli",
 }
 
 EXIT_USAGE = 2

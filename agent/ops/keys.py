@@ -15,12 +15,19 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.client.errors import FencingTokenLowerVersion
 from agent.client.statestore import SetResult, StateStoreClient
-from agent.config import ENV_NESTED_DELIMITER, ENV_PREFIX, HealthSettings, KeySettings
+from agent.config import (
+    ENV_NESTED_DELIMITER,
+    ENV_PREFIX,
+    HealthSettings,
+    KeySettings,
+    TelemetrySettings,
+)
 from agent.protocol.hlc import Hlc
 
 
 class KeyTemplates(BaseSettings):
-    """The key templates and health topics from the environment, as the agent reads them."""
+    """The key templates, health and telemetry topics from the environment, as the agent
+    reads them."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="ignore"
@@ -28,6 +35,7 @@ class KeyTemplates(BaseSettings):
 
     keys: KeySettings = Field(default_factory=KeySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
 
 class NoLine(LookupError):
