@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "resume": "agent.ops.pause_cli:register_resume",
     "history": "agent.ops.history_cli",
     "forget": "agent.ops.forget_cli",
+    "watch": "agent.ops.watch_cli",
 }
 
 EXIT_USAGE = 2
