@@ -32,6 +32,7 @@ from agent.config import (
     redacted,
     setting_errors,
 )
+from agent.config.fingerprint import config_hash
 from agent.runtime.agent import EXIT_CONFIG, Agent
 from agent.runtime.notify import Notifier
 
@@ -296,6 +297,9 @@ def _print_config(args: argparse.Namespace, settings: AgentSettings) -> int:
         "client_id": settings.client_id,
         "lock_key": settings.lock_key,
         "line_telemetry_topic": settings.telemetry_line_topic,
+        # What the instance's health and `agent status` show once it runs these files: after
+        # a reload, the same hash says the change took.
+        "config_hash": config_hash(settings),
         "devices": {
             device.id: {
                 "address": device.address,

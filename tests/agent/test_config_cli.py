@@ -191,6 +191,7 @@ def test_env_file_alone_is_a_complete_configuration(tmp_path: Path) -> None:
         "client_id": "agent-boiler-7-b",
         "lock_key": "boiler-7\\lock",
         "line_telemetry_topic": "lines/boiler-7/telemetry",
+        "config_hash": config["derived"]["config_hash"],
         "devices": {
             "boiler-7": {
                 "address": None,
@@ -222,6 +223,31 @@ def test_print_config_masks_the_password_and_shows_derived_keys() -> None:
     device = config["derived"]["devices"]["thermostat-1"]
     assert device["setpoint_key"] == "thermostat-1\\setPoint"
     assert device["telemetry_topic"] == "devices/thermostat-1/telemetry"
+
+
+def test_print_config_shows_the_configuration_hash_the_running_agent_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hash of what the files say, as the instance's health and `agent status` show it
+    once the agent runs them: the playbook compares the two after a reload."""
+    from agent.config import AgentSettings
+    from agent.config.fingerprint import config_hash
+
+    devices = tmp_path / "devices.json"
+    devices.write_text('[{"id": "t1", "address": 1}, {"id": "t2", "address": 2}]')
+    env = {
+        "AGENT_LINE_ID": "floor3",
+        "AGENT_DEVICES_FILE": str(devices),
+        "AGENT_SERIAL__URL": "socket://127.0.0.1:9",
+    }
+    shown = printed_config(env={**env, "AGENT_INSTANCE_ID": "a"})["derived"]["config_hash"]
+    for name in [n for n in os.environ if n.startswith("AGENT_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert shown == config_hash(AgentSettings(instance_id="b"))
+    devices.write_text('[{"id": "t1", "address": 1}, {"id": "t2", "address": 3}]')
+    assert printed_config(env=env)["derived"]["config_hash"] != shown
 
 
 def test_password_from_the_credentials_directory_is_used_and_never_printed(
