@@ -32,7 +32,8 @@ For each number of pairs (the steps on the embedded store, `--pairs` on mosquitt
 4. every line active again after a broker restart (the emulator process, or mosquitto,
    stopped and started again; `--restarts` times): for each line, from the broker
    accepting connections again to the first grant or renewal of its lock the store
-   accepted; p99 against TTL + 300 ms;
+   accepted; p99 against TTL + 300 ms; then one more restart with the subscriber of 2.
+   counting what follows it: the burst of requests a restart costs the store;
 5. `--kills` actives killed at once (SIGKILL, `--kill-rounds` times, a different set each
    time): for each of those lines, from the kill to the other instance's grant; p99
    against TTL + 300 ms. The killed come back as standbys before the next round.
@@ -104,6 +105,8 @@ STORE_CORE = 1.0
 STORE_BUSY = 0.90
 """A store process this busy (share of a core) is the limit itself, however busy the
 machine."""
+BURST_WINDOW_S = 0.25
+"""The window the peak request rate after a restart is counted in."""
 MEMORY_PER_AGENT = 64 * 1024 * 1024
 """What to have free per agent process before a step (its RSS is about 40 MB)."""
 
@@ -115,6 +118,16 @@ def quantile(values: list[float], q: float) -> float:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if abs(seconds) >= 0.01 else f"{seconds * 1000:.2f} ms"
+
+
+def most_within(times: list[float], window: float) -> int:
+    ordered = sorted(times)
+    best, start = 0, 0
+    for end, at in enumerate(ordered):
+        while at - ordered[start] > window:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
 
 
 def pct(share: float) -> str:
@@ -237,6 +250,7 @@ class StepRun:
     def count_requests(self) -> None:
         tap = Tap()
         self.background.run(tap.start(self.settings), 60)
+        self.background.call(tap.counts.clear)
         began = time.monotonic()
         time.sleep(self.args.window_s)
         counts = self.background.run(tap.stop(), 60)
@@ -407,6 +421,43 @@ class StepRun:
             "store_cpu_core": round(worst["store"], 3),
             "machine_limited": machine_was_the_limit(worst),
         }
+        self.restart_burst()
+
+    def restart_burst(self) -> None:
+        """One more restart, with a subscriber counting the requests that follow it: what
+        a restart costs the store (not timed: the subscriber's copy of every message is load
+        of its own). Requests sent before the subscriber was back are not seen: a lower
+        bound."""
+        observer = self.observer
+        assert observer is not None
+        self.background.run(observer.disconnect(), 30)
+        tap = Tap()
+        _, _, up = self.store.restart()
+        self.background.run(tap.start(self.settings), 60)
+        subscribed = time.monotonic() - up
+        # Actives reconnect within a twelfth of the TTL, standbys within a TTL.
+        horizon = up + self.ttl_s + 2
+        time.sleep(max(0.0, horizon - time.monotonic()))
+        self.background.run(tap.stop(), 60)
+        burst = [at for at in tap.requests_at if at <= horizon]
+        peak = most_within(burst, BURST_WINDOW_S) / BURST_WINDOW_S
+        self.rows += [
+            Row(
+                f"  restart burst: requests per line within TTL + 2 s (seen from {ms(subscribed)})",
+                f">= {len(burst) / self.pairs:.0f}",
+            ),
+            Row(
+                f"  restart burst: peak, all lines (most within {ms(BURST_WINDOW_S)})",
+                f">= {peak:.0f}/s",
+            ),
+        ]
+        self.figures["restart"] |= {
+            "burst_requests_per_line": round(len(burst) / self.pairs, 1),
+            "burst_peak_s": round(peak),
+            "burst_seen_from_ms": round(subscribed * 1000),
+        }
+        self.background.run(observer.connect(), 120)
+        time.sleep(self.ttl_s)
 
     def kills(self) -> None:
         observer, building = self.observer, self.building

@@ -490,28 +490,34 @@ async def lock_holders(client: StateStoreClient, lines: int) -> dict[int, str | 
 
 
 class Tap:
-    """A subscriber to `#`: counts every PUBLISH the broker routes, by what it is."""
+    """A subscriber to `#`: counts every PUBLISH the broker routes, by what it is, and
+    keeps when each store request came (the bench's own requests are left out)."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self.requests_at: list[float] = []
         self.session: Session | None = None
 
     def on_message(self, message: Message) -> None:
         topic = message.topic
         if topic == topics.INVOKE_TOPIC:
+            if "/bench-" in (message.response_topic or ""):
+                return  # the probe's or the observer's
             self.counts[request_kind(message.payload)] += 1
+            self.requests_at.append(time.monotonic())
         elif topic.endswith("/command/invoke/response"):
-            self.counts["answer"] += 1
+            if "/bench-" not in topic:
+                self.counts["answer"] += 1
         elif "/command/notify/" in topic:
             self.counts["notification"] += 1
         else:
             self.counts["agents' own (telemetry, health, status)"] += 1
 
     async def start(self, settings: MqttSettings) -> None:
+        """Subscribes; returns once connected (after a restart: once the broker is back)."""
         self.session = Session(settings, client_id=f"bench-tap-{os.getpid()}")
         await self.session.subscribe("#", self.on_message, qos=0)
-        await self.session.start(wait=True, timeout=30)
-        self.counts.clear()
+        await self.session.start(wait=True, timeout=60)
 
     async def stop(self) -> Counter[str]:
         counts = Counter(self.counts)
