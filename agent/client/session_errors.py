@@ -137,7 +137,12 @@ class TlsPortWithoutTls(NotConnected):
 class ConnectFailed(SessionError, ConnectionError):
     """A connection attempt failed in a way that waiting will not soon change (nothing listens
     on the port, the host name does not resolve, the broker's certificate does not verify),
-    and the session was started to give up on such failures (``start(fail_fast=True)``)."""
+    and the session was started to give up on such failures (``start(fail_fast=True)``).
+    ``failure`` is what the attempt raised."""
+
+    def __init__(self, message: str, failure: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
 class ConnectionRefused(SessionError):

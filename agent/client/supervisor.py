@@ -290,7 +290,8 @@ class Supervisor:
                     and not self._first_up.is_set()
                     and is_definitive(failure)
                 ):
-                    self._fail(ConnectFailed(describe_connect_failure(failure, self._names)))
+                    said = describe_connect_failure(failure, self._names)
+                    self._fail(ConnectFailed(said, failure))
                     return
                 delay = self._backoff.next_delay(ceiling=self.reconnect_ceiling)
                 if failure is not None:

@@ -135,13 +135,20 @@ class _ConfigError(Exception):
 
 def _start_error(args: argparse.Namespace, error: BaseException | None) -> tuple[str, int] | None:
     """What to say, in one line, and the exit code, when the service could not start."""
-    from agent.client.session_errors import SessionError
+    from agent.client.session_errors import ConnectFailed, SessionError, TlsPortWithoutTls
     from agent.emulator.persistence import PersistenceError
 
     if error is None:
         return None
     if isinstance(error, PersistenceError):
         return f"--data-dir: {error}", EXIT_CONFIG
+    if isinstance(error, ConnectFailed) and isinstance(error.failure, TlsPortWithoutTls):
+        # The session would say to turn TLS on, which --external does not speak.
+        return (
+            f"cannot use the broker at {args.external}: that port speaks TLS, and --external "
+            "connects without it: give it the broker's plain MQTT port",
+            EXIT_UNAVAILABLE,
+        )
     if isinstance(error, SessionError):
         return f"cannot reach the broker at {args.external}: {error}", EXIT_UNAVAILABLE
     if isinstance(error, OSError) and not args.external:

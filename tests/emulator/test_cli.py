@@ -341,6 +341,26 @@ def test_plain_mqtt_on_a_tls_port_is_named_on_both_sides(tmp_path: Path) -> None
         assert process.stop() == 0
 
 
+def test_an_external_broker_on_a_tls_port_is_said_in_one_line(tmp_path: Path) -> None:
+    """Was: 30 s of retries, then "a TLS port? see mqtt.tls.enabled": a setting --external
+    does not have."""
+    ca = Authority(tmp_path)
+    server = ca.issue("localhost", server=True)
+    broker, port = started("--tls-cert", str(server.cert), "--tls-key", str(server.key))
+    try:
+        url = f"mqtt://127.0.0.1:{port}"
+        result = subprocess.run(
+            [sys.executable, "-m", "agent", "emulator", "--external", url],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    finally:
+        assert broker.stop() == 0
+    _one_line_error(result, f"cannot use the broker at {url}: that port speaks TLS")
+    assert result.stderr.rstrip().endswith("give it the broker's plain MQTT port")
+
+
 def test_tls_on_a_plain_port_is_named(tmp_path: Path) -> None:
     ca = Authority(tmp_path)
     tls = ["--tls", "--ca-file", str(ca.cert_file), "--timeout", "2"]
