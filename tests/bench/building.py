@@ -51,7 +51,7 @@ DEFAULTS = {  # the shipped defaults: a building runs them
     "AGENT_LOG_LEVEL": "INFO",
 }
 PROBE_KEY = "bench-probe\\lock"
-START_BATCH = 4
+START_BATCH = 8
 """Agents started at once: 80 interpreters starting together would take the machine for a
 minute and time each other out."""
 
@@ -62,6 +62,10 @@ def line_id(index: int) -> str:
 
 def lock_key(index: int) -> bytes:
     return f"{line_id(index)}\\lock".encode()
+
+
+def device_id(line: int, unit: int) -> str:
+    return f"l{line:03d}u{unit}"
 
 
 # ---------------------------------------------------------------------------- processes
@@ -273,7 +277,9 @@ class Building:
         return {
             **DEFAULTS,
             "AGENT_LINE_ID": line_id(pair.index),
-            "AGENT_DEVICES": ",".join(f"l{pair.index:03d}u{n}@{n}" for n in range(1, UNITS + 1)),
+            "AGENT_DEVICES": ",".join(
+                f"{device_id(pair.index, n)}@{n}" for n in range(1, UNITS + 1)
+            ),
             "AGENT_INSTANCE_ID": instance,
             "AGENT_STATE_DIR": str(self.directory / f"state-{pair.index}-{instance}"),
             "AGENT_MQTT__HOST": self.store.host,
