@@ -404,6 +404,8 @@ def assess(snapshot: LineSnapshot, now: float) -> Report:
         return report(PAUSED, f"paused: {snapshot.paused.describe()}", problems)
     conflicting = {c["device"] for row in instances for c in row.conflicts}
     troubled = [d for d in devices if d.problem is not None and d.device not in conflicting]
+    if instances[0].state == "taking over":
+        troubled = []  # nobody drives the devices yet: what they say is not news
     problems += [f"{d.device} {d.problem}" for d in troubled]
     if problems:
         shown = problems[: len(problems) - len(troubled)] + _grouped(troubled)

@@ -6,16 +6,17 @@ from __future__ import annotations
 import re
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from tests.ops.support import Topics, command, health_topic, status, wait_in_sync, wait_pair
 from tests.support.processes import AgentProcess
-from tests.support.rig import ACTIVE, STANDBY, LineRig
+from tests.support.rig import ACTIVE, STANDBY, LineRig, Rig
 
 LINE = LineRig.LINE
 
 
-def status_until(line: LineRig, predicate: Any, timeout: float = 15.0) -> dict[str, Any]:
+def status_until(line: Rig, predicate: Any, timeout: float = 15.0) -> dict[str, Any]:
     """`agent status --json` until its report satisfies `predicate` (the heartbeat of a
     frozen process goes stale with nothing to wait on but time: the view is asked again)."""
     deadline = time.monotonic() + timeout
@@ -80,3 +81,30 @@ def test_watch_rides_out_a_broker_outage(line: LineRig, topics: Topics) -> None:
         assert "Traceback" not in "".join(watch.lines)
     finally:
         watch.stop()
+
+
+def test_a_cold_start_is_taking_over_not_silent(tmp_path: Path) -> None:
+    """On a store that kept nothing, the first holder waits out a lease before it drives."""
+    rig = LineRig(tmp_path, 2, served_before=False)
+    try:
+        first = rig.start_agent("a", AGENT_LOCK__TTL_MS="5000")
+        report = status_until(
+            rig, lambda r: r["holder"] == "a" and r["instances"][0]["state"] == "taking over"
+        )
+        (said,) = [p for p in report["problems"] if p != "no standby"]  # none started
+        assert re.fullmatch(
+            r"a taking over: waiting for the previous lease to end \(\d\.\d s left\)", said
+        ), said
+        first.wait_for(ACTIVE, timeout=10)
+    finally:
+        rig.close()
+
+
+def test_a_standby_that_cannot_take_over_is_said(line: LineRig, topics: Topics) -> None:
+    line.start_active("a")
+    line.start_agent("b", AGENT_SERIAL__URL="/dev/ttyNOPE0")
+    wait_pair(topics, LINE, "a", "b")
+    report = status_until(line, lambda r: r["instances"][1]["state"] == "not ready")
+    assert report["code"] == 5
+    (said,) = [p for p in report["problems"] if not p.endswith("no status reported")]
+    assert said.startswith("b cannot take over: ") and "/dev/ttyNOPE0" in said, said

@@ -246,12 +246,14 @@ def test_a_frozen_former_active_is_not_responding_and_the_holder_decides() -> No
 def test_a_holder_in_its_lock_delay_is_taking_over() -> None:
     snapshot = healthy()
     snapshot.health["gw1"].update(taking_over_s=2.0, time=NOW - 0.8, state="running")
+    snapshot.devices["t01"].status = None  # nobody has driven it yet: not news
     report = view.assess(snapshot, NOW)
     assert report.instances[0].state == "taking over"
     assert report.problems == [
         "gw1 taking over: waiting for the previous lease to end (1.2 s left)"
     ]
     snapshot.health["gw1"].update(taking_over_s=0.0)  # the delay is over: nothing to say
+    snapshot.devices["t01"].status = device_status("t01")
     assert view.assess(snapshot, NOW).code == view.OK
 
 
