@@ -6,6 +6,8 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
+
 from agent.protocol.hlc import Hlc
 from tests.ops.support import Topics, command, health_topic, status, wait_in_sync, wait_pair
 from tests.support.ports import free_port
@@ -175,15 +177,24 @@ def frames(process: AgentProcess, count: int) -> list[list[str]]:
     ]
 
 
-def test_simulate_fits_80x24_with_a_line_of_8() -> None:
+@pytest.mark.parametrize("units", [8, 32])
+def test_simulate_fits_80x24(units: int) -> None:
+    """A line of 8 is listed whole; one of 32 as the devices with a problem (none) and a
+    count of the others."""
     simulation = AgentProcess(
-        ["--simulate", "--status", "--pair", "--units", "8"], {"LINES": "24", "COLUMNS": "80"}
+        ["--simulate", "--status", "--pair", "--units", str(units)],
+        {"LINES": "24", "COLUMNS": "80"},
     )
     try:
-        simulation.wait_for_new(re.compile(r"Status: ok \(exit 0\)"), timeout=30)
+        simulation.wait_for_new(re.compile(r"Status: ok \(exit 0\)"), timeout=40)
         for frame in frames(simulation, 2):
             assert len(frame) <= 23 and max(map(len, frame)) <= 80, "\n".join(frame)
-            assert sum(line.startswith("| floor-1-t0") for line in frame) == 8, frame
+            listed = sum(line.startswith("| floor-1-t") for line in frame)
+            if units == 8:
+                assert listed == 8, frame
+            else:
+                assert listed == 0, frame
+                assert " 32 devices: 32 in sync (--all lists every device)" in frame, frame
             assert frame[-1].strip(), frame  # no wasted row at the end
         simulation.signal(signal.SIGTERM)
         assert simulation.proc.wait(15) == 0
