@@ -49,7 +49,8 @@ class ActiveLine:
         worker, those with a remote change the former active never applied first, and
         served as soon as it is. Returns once the line is driven (before every device is
         reconciled: a line of 32 is active within the bound, whatever its length)."""
-        self.bus = Bus(
+        # Shown (self.bus) once open: a line still opening is not a line down.
+        bus = Bus(
             self.driver,
             [unit for unit in make_units(self.settings) if unit.name in self.devices],
             poll_interval_s=self.settings.serial.poll_interval_s,
@@ -62,9 +63,9 @@ class ActiveLine:
             gate=self.gate,
             driving=self.may_write,
         )
-        await self.bus.open()
+        await bus.open()
+        self.bus = bus
         started = time.monotonic()
-        bus = self.bus
         needs = await asyncio.gather(
             *(sync.take_over(bus.device(name)) for name, sync in self.devices.items())
         )

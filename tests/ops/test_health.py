@@ -27,10 +27,13 @@ def test_the_will_says_down_when_an_agent_is_killed(line: LineRig, topics: Topic
     second = line.start_agent("b")
     second.wait_for_new(STANDBY)
     wait_pair(topics, LINE, "a", "b")
-    up = topics.wait(health_topic(LINE, "a"), lambda d: d["status"] == "up")
+    # Health is published from before the takeover (a standby at first): the active's word.
+    up = topics.wait(
+        health_topic(LINE, "a"), lambda d: d["status"] == "up" and d["role"] == "active"
+    )
     assert up["pid"] == first.proc.pid and up["line"] == LINE and up["ttl_ms"] == line.ttl_ms
     assert up["role"] == "active" and up["token"] and up["version"]
-    assert up["devices"] == line.device_ids and up["state"] == "running"
+    assert up["devices"] == line.device_ids and up["state"] == "running", up
 
     mark = topics.count(health_topic(LINE, "a"))
     first.signal(signal.SIGKILL)
@@ -84,7 +87,9 @@ def test_each_device_reports_its_status_and_availability(line: LineRig, topics: 
     line.background.call(lambda: line.unit(2).fault("SILENT", 60))
     topic = "devices/t02/availability"
     assert topics.wait(topic, after=marks[0], parse=False) == b"offline"
-    silent = topics.wait("devices/t02/status", lambda d: d["availability"] == "offline")
+    silent = topics.wait(
+        "devices/t02/status", lambda d: d["availability"] == "offline", after=marks[1]
+    )
     assert silent["controller"] == "unavailable" and not silent["in_sync"]
     mark = topics.count(topic)
     line.background.call(lambda: line.unit(2).fault("CLEAR"))
