@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dotenv import dotenv_values
@@ -556,3 +557,39 @@ def test_ansible_role_still_reads_the_earlier_device_list(tmp_path: Path) -> Non
     # As the earlier role wrote it: an upgrade of the role restarts nothing.
     assert env["AGENT_DEVICE_ID"] == "thermostat-1" and "AGENT_LINE_ID" not in env
     assert env["AGENT_SERIAL__URL"] == "/dev/agent/t1"
+
+
+def evaluate(tmp_path: Path, expression: str, **variables: Any) -> Any:
+    """A role's template expression, evaluated by ansible-playbook on the control node."""
+    playbook, out = tmp_path / "evaluate.yml", tmp_path / "value.json"
+    task = {"content": "{{ expression | to_json }}", "dest": str(out), "mode": "0644"}
+    playbook.write_text(
+        json.dumps(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "connection": "local",
+                    "vars": {"expression": expression},
+                    "tasks": [{"ansible.builtin.copy": task}],
+                }
+            ]
+        )
+    )
+    command = tool("ansible-playbook", "pip install ansible-core")
+    given = json.dumps({**variables, "ansible_python_interpreter": sys.executable})
+    env = {**ansible_env(), "ANSIBLE_LOCALHOST_WARNING": "0"}
+    run([command, "-i", "localhost,", playbook, "-e", given], env=env, timeout=120)
+    return json.loads(out.read_text())
+
+
+def test_ansible_role_removes_every_file_of_a_line_no_longer_listed(tmp_path: Path) -> None:
+    import yaml
+
+    tasks = yaml.safe_load((ANSIBLE / "roles" / "agent" / "tasks" / "main.yml").read_text())
+    (remove,) = [task for task in tasks if task["name"].startswith("Remove their env files")]
+    assert evaluate(tmp_path, remove["loop"], agent_stale_lines=["floor9"]) == [
+        "/etc/agent/floor9.env",
+        "/etc/credstore/agent.floor9.mqtt-password",
+        "/etc/credstore/agent.floor9.mqtt-key-password",
+    ]
