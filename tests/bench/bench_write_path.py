@@ -78,6 +78,8 @@ class Run:
     cpu_changes: float = 0.0
     changes_per_s: float = 0.0
     line_busy: float = 0.0
+    load: str = ""
+    """The machine's load average when the changes were over."""
     """The share of the time the line was held while the changes were made."""
     rss_mb: float = 0.0
     lost: int = 0
@@ -268,6 +270,7 @@ def measure(directory: Path, cell: Cell, mode: str, master: str, args: argparse.
         busy = rig.background.call(lambda: [r.busy_s for r in rig.device.records_since(seq0)])
         run.line_busy = sum(busy) / window
         run.rss_mb = rss_kb(process_pid) / 1024
+        run.load = load_average()
         run.rtts += store_round_trips(rig, 50)
     finally:
         if peer is not None:
@@ -351,7 +354,7 @@ def cell_table(cell: Cell, mode: str, agent: Run, peer: Run | None) -> Table:
             f"{quiet}{run.cpu_changes * 100:.2f} %, {run.rss_mb:.1f} MB",
             "CPU quiet <= 2 % of a core" if cpu_bound else "",
             (run.cpu_quiet or 0) <= CPU_TARGET if cpu_bound else None,
-            f"{run.changes_per_s:.1f} changes/s"
+            f"load {run.load}; {run.changes_per_s:.1f} changes/s"
             + (f", {per_change * 1e3:.1f} ms CPU a change" if run.cpu_quiet is not None else "")
             + f"; line busy {run.line_busy * 100:.0f} %",
         )
