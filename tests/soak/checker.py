@@ -15,11 +15,13 @@ Checks:
    never overlap, and the fake saw no collision).
 2. The newest token: no write an agent got accepted carries a token older than a lock
    version the store gave another holder before it.
-3. No lost change: a panel change is never written over at the controller before it was
-   published; an agent publishes only what a panel change made (the newest, or one turned
-   over again at the panel before its publish landed; or a value the store lost, again);
-   a remote change the store accepted ends up at the controller unless a later
-   change took its place; and when the faults stop, every controller and its key agree.
+3. No lost change, point by point (the set point, and on a whole thermostat each point the
+   agent writes, in its own key): a panel change is never written over at the controller
+   before it was published; an agent publishes only what a panel change made (the newest,
+   or one turned over again at the panel before its publish landed; or a value the store
+   lost, again); a remote change the store accepted ends up at the controller unless a
+   later change took its place; and when the faults stop, every point of every controller
+   and its key agree.
 4. Every byte on the wire within a lease: every request an instance put on the line (from
    when it reached the line, a request that waited for the medium included, to its last
    byte) lies within a lease of the line's lock that the store granted that instance (from
@@ -34,7 +36,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.controller import points as known_points
+from agent.controller.interface import PointValue
+from agent.controller.points import InvalidValue
+
 AGENT_PREFIX = "agent-"
+SET_POINT = "setPoint"
 READS = frozenset({"GET STATE", "GET SP", "GET POINTS", "READ HOLDING", "READ INPUT"})
 WRITES = frozenset({"SET SP", "WRITE", "WRITE MULTIPLE"})
 """Writes on the wire; a profile's other points are written with `SET <name>` too."""
@@ -71,6 +78,9 @@ class LineEvent:
     sent: float | None = None
     """When the instance's first byte reached the line, if it then waited for the medium
     (None: at `at`)."""
+    points: tuple[str, ...] | None = None
+    """The points a read fetched (None: every point of the unit: GET POINTS, or a read of
+    every register)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +88,8 @@ class UnitEvent:
     at: float
     address: int
     kind: str  # "panel" | "write"
-    value: float
+    value: PointValue
+    point: str = SET_POINT
 
 
 @dataclass
@@ -103,6 +114,9 @@ class Checker:
     lost: int = 0
     raced: int = 0
     """Panel changes made between an agent's read and its write of the same unit."""
+    points: tuple[str, ...] = (SET_POINT,)
+    """The points of every unit whose changes are checked, each in its key
+    `<device>\\<point>`."""
 
     # ------------------------------------------------------------------ 1. one master
 
@@ -199,49 +213,74 @@ class Checker:
     # ------------------------------------------------------------------ 3. no lost change
 
     def check_changes(
-        self, final_units: dict[int, float], final_store: dict[int, bytes | None]
+        self,
+        final_units: dict[Any, PointValue],
+        final_store: dict[Any, bytes | None],
     ) -> None:
-        by_device: dict[int, list[tuple[float, str, Any]]] = defaultdict(list)
+        """`final_units`, `final_store`: what every unit and key held once the faults
+        stopped, by (address, point) (an address alone: its set point)."""
+        by_point: dict[tuple[int, str], list[tuple[float, str, Any]]] = defaultdict(list)
         for unit_event in self.units:
-            by_device[unit_event.address].append((unit_event.at, unit_event.kind, unit_event.value))
+            by_point[(unit_event.address, unit_event.point)].append(
+                (unit_event.at, unit_event.kind, unit_event.value)
+            )
         keys = {
-            f"{device}\\setPoint".encode(): address for address, device in self.device_of.items()
+            f"{device}\\{point}".encode(): (address, point)
+            for address, device in self.device_of.items()
+            for point in self.points
         }
         for event in self.store:
-            address = keys.get(event.key)
-            if address is None or not event.accepted or event.command != "SET":
+            found = keys.get(event.key)
+            if found is None or not event.accepted or event.command != "SET":
                 continue
             kind = "publish" if event.client.startswith(AGENT_PREFIX) else "remote"
-            by_device[address].append((event.at, kind, _number(event.value)))
+            by_point[found].append((event.at, kind, _parse(found[1], event.value)))
         for wiped in self.wiped_at:
             for address in self.device_of:
-                by_device[address].append((wiped, "wipe", None))
+                for point in self.points:
+                    by_point[(address, point)].append((wiped, "wipe", None))
         for line_event in self.line:
             if line_event.address is not None and line_event.kind in READS:
-                by_device[line_event.address].append((line_event.at, "read", None))
-        for address, events in by_device.items():
+                for point in line_event.points or self.points:
+                    by_point[(line_event.address, point)].append((line_event.at, "read", None))
+        for (address, point), events in by_point.items():
+            if address not in self.device_of or point not in self.points:
+                continue
             events.sort(key=lambda e: e[0])
-            self._check_device(address, events)
+            self.checked[f"changes of {point}"] += sum(
+                kind in ("panel", "remote") for _, kind, _ in events
+            )
+            self._check_point(address, point, events)
+        units = {_keyed(key): value for key, value in final_units.items()}
+        store = {_keyed(key): value for key, value in final_store.items()}
         for address in self.device_of:
-            stored = _number(final_store.get(address))
-            unit = final_units.get(address)
-            if stored is None or unit is None or abs(stored - unit) > 1e-6:
-                self.lost += 1
-                self._violate(
-                    "no agreement",
-                    0.0,
-                    f"{self.device_of[address]}: controller {unit}, store {stored} at the end",
-                )
+            for point in self.points:
+                stored = _parse(point, store.get((address, point)))
+                unit = units.get((address, point))
+                if stored is None or unit is None or not _same(stored, unit):
+                    self.lost += 1
+                    self._violate(
+                        "no agreement",
+                        0.0,
+                        f"{self._name(address, point)}: controller {unit}, store {stored} at "
+                        "the end",
+                    )
 
-    def _check_device(self, address: int, events: list[tuple[float, str, Any]]) -> None:
+    def _name(self, address: int, point: str) -> str:
+        """A unit's point as the violations name it: `s03` (its set point), `s03 mode`."""
         device = self.device_of[address]
-        unpublished: tuple[float, float] | None = None  # a panel change not yet in the store
-        # Panel changes turned over at the panel by a later one before they were published:
-        # an agent that read one may still publish it (then the later one after it).
-        superseded: list[float] = []
-        controller: float | None = None
-        store_holds: float | None = None
-        pending_remote: tuple[float, float] | None = None  # accepted, not applied yet
+        return device if point == SET_POINT else f"{device} {point}"
+
+    def _check_point(self, address: int, point: str, events: list[tuple[float, str, Any]]) -> None:
+        device = self._name(address, point)
+        unpublished: tuple[float, Any] | None = None  # a panel change not yet in the store
+        # Panel changes turned over at the panel by a later one before they were published
+        # (an agent that read one may still publish it, then the later one after it), or
+        # made to the value the store held (published if a remote change crosses them).
+        superseded: list[Any] = []
+        controller: Any = None
+        store_holds: Any = None
+        pending_remote: tuple[float, Any] | None = None  # accepted, not applied yet
         last_read = float("-inf")
         for at, kind, value in events:
             if kind == "read":
@@ -251,8 +290,10 @@ class Checker:
                     superseded.append(unpublished[1])
                 unpublished = (at, value)
                 controller = value
+                if pending_remote is not None and _same(value, pending_remote[1]):
+                    pending_remote = None  # the unit holds the remote change's value now
             elif kind == "write":
-                if unpublished is not None and abs(value - unpublished[1]) > 1e-6:
+                if unpublished is not None and not _same(value, unpublished[1]):
                     if unpublished[0] < last_read:
                         self.lost += 1
                         self._violate(
@@ -268,21 +309,21 @@ class Checker:
                     unpublished = None
                 superseded.clear()
                 controller = value
-                if pending_remote is not None and abs(value - pending_remote[1]) < 1e-6:
+                if pending_remote is not None and _same(value, pending_remote[1]):
                     pending_remote = None
             elif kind == "publish":
-                if store_holds is not None and abs(value - store_holds) < 1e-6:
+                if store_holds is not None and _same(value, store_holds):
                     # The value the store holds, written back (a new active fencing the key
                     # with its token): nothing changes, a pending remote change stays pending.
                     continue
-                earlier = [i for i, v in enumerate(superseded) if abs(value - v) < 1e-6]
+                earlier = [i for i, v in enumerate(superseded) if _same(value, v)]
                 explained = (
-                    (unpublished is not None and abs(value - unpublished[1]) < 1e-6)
+                    (unpublished is not None and _same(value, unpublished[1]))
                     or bool(earlier)
                     or store_holds is None  # the store had lost it: published again
                     or (
                         controller is not None
-                        and abs(value - controller) < 1e-6
+                        and _same(value, controller)
                         and pending_remote is None
                     )
                 )
@@ -294,7 +335,7 @@ class Checker:
                         f"{device}: published {value}, which no panel change made "
                         f"(controller {controller}, remote pending {pending_remote})",
                     )
-                if unpublished is not None and abs(value - unpublished[1]) < 1e-6:
+                if unpublished is not None and _same(value, unpublished[1]):
                     unpublished = None
                     superseded.clear()
                 elif earlier:
@@ -304,14 +345,22 @@ class Checker:
             elif kind == "remote":
                 store_holds = value
                 pending_remote = (at, value)
-                if (
-                    controller is not None
-                    and abs(value - controller) < 1e-6
-                    and unpublished is None
-                ):
+                if controller is not None and _same(value, controller) and unpublished is None:
                     pending_remote = None
             elif kind == "wipe":
                 store_holds = None
+            if (
+                unpublished is not None
+                and store_holds is not None
+                and _same(unpublished[1], store_holds)
+            ):
+                # The store holds the panel change's value (a remote change of the same
+                # value, before or after it): the two agree, nothing is left to publish, and
+                # a later write over it loses nothing. But a remote change of another value
+                # before the agent noticed it crosses it (design.md, "Crossing changes"):
+                # the agent may then publish it, until it writes the unit.
+                superseded.append(unpublished[1])
+                unpublished = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -343,10 +392,20 @@ def _hlc_key(text: str) -> tuple[int, int, str]:
     return int(wall), int(counter), node
 
 
-def _number(value: bytes | None) -> float | None:
+def _keyed(key: Any) -> tuple[int, str]:
+    """(address, point) for a key given as such, or as an address alone (its set point)."""
+    return key if isinstance(key, tuple) else (key, SET_POINT)
+
+
+def _parse(point: str, value: bytes | None) -> PointValue | None:
+    """A point's value from its text in the store (None: absent, or not a value of it)."""
     if value is None:
         return None
     try:
-        return float(value)
-    except ValueError:
+        return known_points.parse(known_points.point(point), value)
+    except InvalidValue:
         return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    return known_points.same(a, b)

@@ -174,3 +174,148 @@ def test_a_request_that_waited_for_the_line_counts_from_when_it_was_sent() -> No
     c.line = [LineEvent(1.1, "a-1", 1, "GET STATE", None, False, 1.15, "a", 0.9)]
     c.check_wire()
     assert [x.kind for x in c.violations] == ["outside the lease"]
+
+
+# --- whole thermostats: each point checked on its own ------------------------------------
+
+MODE = b"d1\\mode"
+POINTS = ("setPoint", "mode", "occupied")
+
+
+def thermostat() -> Checker:
+    return Checker({1: "d1"}, LOCK, points=POINTS)
+
+
+def test_a_points_panel_change_written_over_is_lost_whatever_the_set_point_does() -> None:
+    c = thermostat()
+    c.units = [
+        UnitEvent(1.0, 1, "panel", "cool", "mode"),
+        UnitEvent(2.5, 1, "write", 22.0),  # the set point's own write: no harm to mode
+        UnitEvent(3.0, 1, "write", "heat", "mode"),
+    ]
+    c.line = [LineEvent(2.0, "tcp-1", 1, "GET POINTS", None, False)]  # read every point
+    final = {(1, "setPoint"): 22.0, (1, "mode"): "heat", (1, "occupied"): True}
+    stored = {(1, "setPoint"): b"22.0", (1, "mode"): b"heat", (1, "occupied"): b"true"}
+    c.check_changes(final, stored)
+    assert [x.kind for x in c.violations] == ["panel change lost"], c.violations
+    assert "d1 mode: heat written over cool" in c.violations[0].detail
+    assert c.checked["changes of mode"] == 1 and c.checked["changes of setPoint"] == 0
+
+
+def test_a_read_of_the_set_point_alone_has_not_read_the_other_points() -> None:
+    c = thermostat()
+    c.units = [
+        UnitEvent(1.0, 1, "panel", "cool", "mode"),
+        UnitEvent(3.0, 1, "write", "heat", "mode"),
+    ]
+    c.line = [LineEvent(2.0, "tcp-1", 1, "GET STATE", None, False, points=("setPoint",))]
+    final = {(1, "setPoint"): 20.0, (1, "mode"): "heat", (1, "occupied"): True}
+    stored = {(1, "setPoint"): b"20.0", (1, "mode"): b"heat", (1, "occupied"): b"true"}
+    c.check_changes(final, stored)
+    assert c.violations == [] and c.raced == 1
+
+
+def test_a_stale_switch_published_and_a_point_that_disagrees_at_the_end() -> None:
+    c = thermostat()
+    occupied = b"d1\\occupied"
+    c.store = [
+        store(1.0, "agent-l-a", occupied, b"true", token=v(1)),
+        store(2.0, "remote", occupied, b"false", token=v(1)),
+        store(3.0, "agent-l-b", occupied, b"true", token=v(2)),  # reverted: no panel change
+        store(3.5, "remote", MODE, b"fan", token=v(2)),  # never applied
+    ]
+    c.units = [UnitEvent(0.5, 1, "write", True, "occupied")]
+    final = {(1, "setPoint"): 20.0, (1, "mode"): "heat", (1, "occupied"): True}
+    stored = {(1, "setPoint"): b"20.0", (1, "mode"): b"fan", (1, "occupied"): b"true"}
+    c.check_changes(final, stored)
+    assert [(x.kind, x.detail.split(":")[0]) for x in c.violations] == [
+        ("stale value published", "d1 occupied"),
+        ("no agreement", "d1 mode"),
+    ]
+
+
+def test_a_panel_change_to_the_value_a_remote_change_just_wrote_is_published_with_it() -> None:
+    """The unit is turned to the value a remote change has just put in the store (a switch
+    has two): the agent publishes it (the crossing rule), the same value the store holds; a
+    later remote change may then turn it over."""
+    c = thermostat()
+    occupied = b"d1\\occupied"
+    c.units = [
+        UnitEvent(0.5, 1, "write", True, "occupied"),
+        UnitEvent(2.1, 1, "panel", False, "occupied"),
+        UnitEvent(5.0, 1, "write", True, "occupied"),
+    ]
+    c.line = [LineEvent(2.2, "tcp-1", 1, "GET POINTS", None, False)]
+    c.store = [
+        store(1.0, "agent-l-a", occupied, b"true", token=v(1)),
+        store(2.0, "remote", occupied, b"false", token=v(1)),
+        store(2.3, "agent-l-a", occupied, b"false", token=v(1)),  # the panel's, crossed
+        store(4.0, "remote", occupied, b"true", token=v(1)),
+    ]
+    final = {(1, "setPoint"): 20.0, (1, "mode"): "heat", (1, "occupied"): True}
+    stored = {(1, "setPoint"): b"20.0", (1, "mode"): b"heat", (1, "occupied"): b"true"}
+    c.check_changes(final, stored)
+    assert c.violations == [] and c.lost == 0
+
+
+def switch_turned_to_the_stores_value_then_crossed(*, applied_before: bool) -> Checker:
+    """A switch: the store holds a remote change (False) the unit has not taken (it is
+    quarantined); a knob turns the unit to that value, a remote change turns the store back
+    to True before the agent sees the knob; the agent then publishes False. With
+    `applied_before`, the agent had written True to the unit (read after) first."""
+    c = thermostat()
+    occupied = b"d1\\occupied"
+    c.units = [
+        UnitEvent(0.5, 1, "write", True, "occupied"),
+        UnitEvent(3.0, 1, "panel", False, "occupied"),
+    ]
+    c.line = [LineEvent(4.5, "tcp-1", 1, "GET POINTS", None, False)]
+    if applied_before:
+        c.units.append(UnitEvent(4.2, 1, "write", True, "occupied"))
+    c.store = [
+        store(1.0, "agent-l-a", occupied, b"true", token=v(1)),
+        store(2.0, "remote", occupied, b"false", token=v(1)),  # not applied yet
+        store(4.0, "remote", occupied, b"true", token=v(1)),
+        store(4.6, "agent-l-a", occupied, b"false", token=v(1)),
+    ]
+    final = {(1, "setPoint"): 20.0, (1, "mode"): "heat", (1, "occupied"): False}
+    stored = {(1, "setPoint"): b"20.0", (1, "mode"): b"heat", (1, "occupied"): b"false"}
+    if applied_before:
+        final[(1, "occupied")] = True
+    c.check_changes(final, stored)
+    return c
+
+
+def test_a_knob_turned_to_the_stores_value_and_crossed_by_a_remote_change_wins() -> None:
+    """The panel change agreed with the store when it was made, but a remote change of the
+    other value came before the agent noticed it: both happened while the agent was away,
+    and the panel change reaches the store last (design.md, "Crossing changes")."""
+    c = switch_turned_to_the_stores_value_then_crossed(applied_before=False)
+    assert c.violations == [] and c.lost == 0, c.violations
+
+
+def test_a_knob_turned_to_the_stores_value_is_stale_once_a_write_went_over_it() -> None:
+    c = switch_turned_to_the_stores_value_then_crossed(applied_before=True)
+    assert [x.kind for x in c.violations][:1] == ["stale value published"], c.violations
+    assert "d1 occupied: published False" in c.violations[0].detail
+
+
+def test_a_knob_turned_to_the_value_the_store_holds_is_not_lost_when_written_over() -> None:
+    """Turned to the store's value (a remote change the unit had not taken yet): nothing to
+    publish; a later remote change written over it loses nothing."""
+    c = thermostat()
+    c.units = [
+        UnitEvent(0.5, 1, "write", "heat", "mode"),
+        UnitEvent(2.0, 1, "panel", "cool", "mode"),
+        UnitEvent(4.0, 1, "write", "auto", "mode"),
+    ]
+    c.line = [LineEvent(2.5, "tcp-1", 1, "GET POINTS", None, False)]
+    c.store = [
+        store(1.0, "agent-l-a", MODE, b"heat", token=v(1)),
+        store(1.5, "remote", MODE, b"cool", token=v(1)),
+        store(3.0, "remote", MODE, b"auto", token=v(1)),
+    ]
+    final = {(1, "setPoint"): 20.0, (1, "mode"): "auto", (1, "occupied"): True}
+    stored = {(1, "setPoint"): b"20.0", (1, "mode"): b"auto", (1, "occupied"): b"true"}
+    c.check_changes(final, stored)
+    assert c.violations == [] and c.lost == 0, c.violations
