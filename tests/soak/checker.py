@@ -14,7 +14,8 @@ Checks:
 1. One master on the line: no two connections drive it at once (their spans of requests
    never overlap, and the fake saw no collision).
 2. The newest token: no write an agent got accepted carries a token older than a lock
-   version the store gave another holder before it.
+   version the store gave another holder before it (the line's history, where an instance
+   records its own step-down with the lease just lost: no record older than one before it).
 3. No lost change, point by point (the set point, and on a whole thermostat each point the
    agent writes, in its own key): a panel change is never written over at the controller
    before it was published; an agent publishes only what a panel change made (the newest,
@@ -117,6 +118,11 @@ class Checker:
     points: tuple[str, ...] = (SET_POINT,)
     """The points of every unit whose changes are checked, each in its key
     `<device>\\<point>`."""
+    history_key: bytes | None = None
+    """The line's history (`<line>\\history`): the pair's events as the operator reads them,
+    not a device's state. An instance records its step-down there fenced with the lease it
+    has just lost (after another may have been granted the lock), so the key has a rule of
+    its own: no record carries an older token than one the store accepted there before it."""
 
     # ------------------------------------------------------------------ 1. one master
 
@@ -142,7 +148,28 @@ class Checker:
     def check_tokens(self) -> None:
         holders: list[tuple[str, str]] = []  # (version, holder) of every lock grant, in order
         holder_of: dict[str, str] = {}
+        wipes = sorted(self.wiped_at)
+        newest_record: str | None = None  # the newest token of a history record kept
         for event in self.store:
+            while wipes and wipes[0] <= event.at:
+                wipes.pop(0)
+                newest_record = None  # the store forgot the history and its fence
+            if event.key == self.history_key:
+                if not event.client.startswith(AGENT_PREFIX) or not event.accepted:
+                    continue
+                if event.command != "SET" or event.token is None:
+                    continue
+                self.checked["history records"] += 1
+                if newest_record is not None and _newer(newest_record, event.token):
+                    self._violate(
+                        "stale history record",
+                        event.at,
+                        f"{event.client} recorded the history with {event.token} after a "
+                        f"record with {newest_record}",
+                    )
+                else:
+                    newest_record = event.token
+                continue
             if event.key == self.lock_key:
                 if event.command == "SET" and event.accepted and event.version is not None:
                     holder = (event.value or b"").decode(errors="replace")

@@ -71,6 +71,40 @@ def test_renewals_of_the_same_holder_are_not_newer_holders() -> None:
     assert c.violations == []
 
 
+HISTORY = b"l\\history"
+
+
+def test_a_step_down_recorded_with_the_lease_just_lost_before_the_next_record() -> None:
+    """a steps down (the store forgot its lease), b is granted the lock, then a's step-down
+    lands in the line's history with a's token, before b's takeover record: allowed there,
+    and only there; a record older than one the store accepted before it is not."""
+    c = checker()
+    c.history_key = HISTORY
+    c.store = [
+        store(1.0, "agent-l-a", LOCK, b"a#1", version=v(1)),
+        store(1.1, "agent-l-a", HISTORY, b"[takeover a]", token=v(1)),
+        store(2.0, "agent-l-b", LOCK, b"b#2", version=v(2)),
+        store(2.1, "agent-l-a", HISTORY, b"[step-down a]", token=v(1)),
+        store(2.2, "agent-l-b", HISTORY, b"[takeover b]", token=v(2)),
+    ]
+    c.check_tokens()
+    assert c.violations == [] and c.checked["history records"] == 3
+    c.store.append(store(2.3, "agent-l-a", HISTORY, b"[late]", token=v(1)))
+    c.check_tokens()
+    assert [x.kind for x in c.violations] == ["stale history record"]
+    assert "with " + v(1) + " after a record with " + v(2) in c.violations[0].detail
+    # A store that forgot its contents forgot the history's fence with them.
+    c.violations.clear()
+    c.wiped_at = [2.25]
+    c.check_tokens()
+    assert c.violations == []
+    # Without the history key named, the same record is a stale token like any other.
+    c.history_key = None
+    c.wiped_at = []
+    c.check_tokens()
+    assert [x.kind for x in c.violations] == ["stale token", "stale token"]
+
+
 def test_a_panel_change_written_over_before_it_was_published() -> None:
     c = checker()
     c.units = [UnitEvent(1.0, 1, "panel", 18.0), UnitEvent(3.0, 1, "write", 22.0)]
