@@ -189,6 +189,16 @@ def reconcile(
     return Ignore("in sync")
 
 
+def base_after_a_lost_race(synced: Synced, read: PointValue) -> Synced:
+    """The sync to compare with after the unit's value, published to an empty key only if
+    it stayed empty, found it written meanwhile (a remote change): with nothing synced yet,
+    the value just read, without a version. The next reconcile then tells a unit that
+    still holds it (the remote change is applied) from one changed at its panel since (a
+    local change crossed the remote one: published), where the first-run rule would take
+    the store for the reference and write over the panel change."""
+    return Synced(read, None) if synced.value is None else synced
+
+
 MAX_PENDING = 4
 """Writes in doubt remembered per device (newest last); older ones are forgotten."""
 

@@ -423,7 +423,12 @@ class PointSync:
         started = time.monotonic() if since is None else since
         state = controller.last_state
         state_at = controller.last_state_at
-        if state_at is None or state_at < started:
+        written = controller.last_write_at
+        if state_at is None or state_at < started or (written is not None and state_at < written):
+            # None since `since`, or one from before a write that went unanswered and may
+            # have landed since: deciding on it would record the value the write replaced
+            # and drop the write from those pending, so that the unit holding it later is
+            # taken for a panel change.
             state = None
         try:
             if state is None:
@@ -591,8 +596,10 @@ class PointSync:
             self.record.update(self.name, self.status.synced, self.status.pending)
         self._store_allowed(self.key)
         if not result.applied:
-            # Written meanwhile (a remote change to an empty store): compare anew.
+            # Written meanwhile (a remote change to an empty store): compare anew, with the
+            # value read as the base if nothing was synced yet.
             self.log.info("%s %s not published: the store has one now", self._what, value)
+            self.status.synced = decisions.base_after_a_lost_race(self.status.synced, value)
             self.reconcile_soon()
             return
         self.log.info(

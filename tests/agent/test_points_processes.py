@@ -5,6 +5,7 @@ value against the deadband refused where `agent setpoint --wait` reads it."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +142,36 @@ def test_a_value_against_the_deadband_is_refused_with_why_and_the_key_restored(
     )
     assert done.returncode == 0, done.stderr
     line.wait_units({(1, "coolSetPoint"): 26.0})
+
+
+def test_a_write_left_unanswered_is_never_taken_for_a_panel_change(line: PointsRig) -> None:
+    """A unit slow to answer writes takes the write and answers late: the agent gives up on
+    the answer, the write stays pending. A remote change that arrived while the write
+    waited its turn must be decided on a reading taken after that write, not on the one
+    taken just before it (which still shows the value the write replaced): deciding on that
+    one recorded the old value, dropped the write from those pending, and left the unit
+    holding the write over the newer remote change."""
+    agent, _ = line.start_active(
+        "a",
+        AGENT_SERIAL__POLL_INTERVAL_S="600",
+        AGENT_SERIAL__MIN_WRITE_INTERVAL_S="2",
+        # A change the agent could not read the unit for is retried by the safety net, or
+        # once the unit, quarantined after the late reply, answers a probe again.
+        AGENT_RECONCILE_INTERVAL_S="2",
+        AGENT_SERIAL__PROBE_INTERVAL_S="1",
+    )
+    line.wait_points(every_point(1, AT_START))
+    line.remote_point(1, "setPoint", 21.0)  # a write now: the next one waits its interval
+    agent.wait_for_new(re.compile(r"t01.*applied remote set point 21\.0"))
+    line.background.call(lambda: line.unit(1).fault("SLOWWRITE", 1500))
+    reads = line.background.call(lambda: line.device.counters.requests)
+    line.remote_point(1, "occupied", False)
+    # Its reading taken (the write now waits for the interval), a newer remote change.
+    line.wait_line(lambda fake: fake.counters.requests > reads)
+    line.remote_point(1, "occupied", True)
+    agent.wait_for_new(re.compile(r"t01.*could not apply occupied False"))
+    line.background.call(lambda: line.unit(1).fault("CLEAR"))
+    line.wait_units({(1, "occupied"): True})
+    line.wait_points({(1, "occupied"): True})
+    agent.drain()
+    assert not any(re.search(r"published occupied False", x) for x in agent.lines)

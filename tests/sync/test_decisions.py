@@ -16,6 +16,7 @@ from agent.sync.decisions import (
     Record,
     Reject,
     Synced,
+    base_after_a_lost_race,
     encode_setpoint,
     on_poll,
     on_remote_change,
@@ -138,6 +139,25 @@ def test_first_run_takes_the_store_as_reference() -> None:
     assert reconcile(Synced(), b"23.0", V2, 20.0, LIMITS) == ApplyToController(23.0, V2)
     assert reconcile(Synced(), b"20.0", V2, 20.0, LIMITS) == Record(20.0, V2)
     assert isinstance(reconcile(Synced(), None, None, 20.0, LIMITS), PublishToStore)
+
+
+def test_a_first_publish_that_lost_the_race_to_a_remote_change_keeps_a_later_panel_change() -> None:
+    """A point never synced: its key empty, the unit's 24.0 published only if the key stays
+    empty, and a remote 23.0 written first. The reading is the base: a panel change made
+    since is published (the crossing rule), a unit that still holds it takes the remote
+    change; the first-run rule alone wrote 23.0 over the panel's 29.0."""
+    first = reconcile(Synced(), None, None, 24.0, LIMITS)
+    assert isinstance(first, PublishToStore) and first.only_if_absent
+    base = base_after_a_lost_race(Synced(), 24.0)
+    assert base == Synced(24.0, None)
+    crossed = reconcile(base, b"23.0", V2, 29.0, LIMITS)
+    assert isinstance(crossed, PublishToStore) and crossed.value == 29.0
+    assert "crossed" in crossed.reason
+    assert reconcile(base, b"23.0", V2, 24.0, LIMITS) == ApplyToController(23.0, V2)
+    assert on_remote_change(base, b"23.0", V2, 24.0, LIMITS) == ApplyToController(23.0, V2)
+    assert reconcile(Synced(), b"23.0", V2, 29.0, LIMITS) == ApplyToController(23.0, V2)
+    # Something synced already is the base as it is.
+    assert base_after_a_lost_race(Synced(20.0, V1), 24.0) == Synced(20.0, V1)
 
 
 values = st.sampled_from([b"20.0", b"21.5", b"22.0", b"99.0", b"x", b"21.3"])
