@@ -2,13 +2,17 @@
 faults.
 
 - Remote changes: `remote_per_unit_s` a second for every unit (1: each unit gets one a
-  second), each at its own phase, fenced with the current version of the line's lock (read
-  just before, as `agent setpoint` does; a write refused for "a lower version" is tried
-  once more with the lock read again).
-- Panel changes at random units, `panel_per_unit_s` a second for every unit, each to
-  another value than the unit holds and than the agent last synced for it.
+  second), each at its own phase, of one of the world's points (the set point, heating and
+  cooling set points, mode, fan, occupancy), dealt to each unit from a shuffled deck so that
+  a short run changes every point alike; fenced with the current version of the line's lock
+  (read just before, as `agent setpoint` does; a write refused for "a lower version" is
+  tried once more with the lock read again).
+- Panel changes at random units (their points dealt likewise), `panel_per_unit_s` a second
+  for every unit, each to another value than the unit holds and than the agent last synced
+  for it (a switch whose synced value is not the one it holds has no such value: the next
+  point is turned instead).
 - Panel changes during a write wait: after a remote change, now and then, a panel change of
-  the same unit within its least write interval.
+  the same point of the same unit within its least write interval.
 
 A change due while the thread is more than a second behind (the store is away, and each
 attempt waits for its timeout) is skipped and counted, not made late.
@@ -25,13 +29,16 @@ import time
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from tests.soak.world import VALUES, device_id
+from agent.controller import points as known_points
+from agent.controller.interface import PointValue
+from tests.soak.world import SET_POINT, VALUES_OF, device_id, point_key
 from tests.support.paho_client import PahoStoreClient
 
 if TYPE_CHECKING:
     from tests.soak.world import World
 
 LATE_S = 1.0
+RECORD_LOOKBACK = 5000
 NO_LOCK = b"$-1\r\n"
 OK = b"+OK\r\n"
 
@@ -52,11 +59,16 @@ class Load:
         self.panel_per_unit_s = panel_per_unit_s
         self.panel_in_write_wait = panel_in_write_wait
         self.made: dict[str, int] = defaultdict(int)
-        self.recent: dict[int, list[float]] = defaultdict(list)
+        self.by_point: dict[str, dict[str, int]] = {
+            point: defaultdict(int) for point in world.points
+        }
+        """Changes made of each point, remote and panel."""
+        self.recent: dict[tuple[int, str], list[PointValue]] = defaultdict(list)
+        self._decks: dict[tuple[str, int], list[str]] = defaultdict(list)
         self._client: PahoStoreClient | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._due: list[tuple[float, int, str, int]] = []
+        self._due: list[tuple[float, int, str, int, str]] = []
         self._order = 0
 
     # ------------------------------------------------------------------ the thread
@@ -80,16 +92,16 @@ class Load:
             self._client.close()
             self._client = None
 
-    def _at(self, when: float, kind: str, slot: int) -> None:
+    def _at(self, when: float, kind: str, slot: int, point: str = SET_POINT) -> None:
         self._order += 1
-        heapq.heappush(self._due, (when, self._order, kind, slot))
+        heapq.heappush(self._due, (when, self._order, kind, slot, point))
 
     def _panel_gap(self) -> float:
         return self.rng.expovariate(self.panel_per_unit_s * len(self.world.slots))
 
     def _run(self) -> None:
         while not self._stop.is_set() and self._due:
-            when, _, kind, slot = heapq.heappop(self._due)
+            when, _, kind, slot, point = heapq.heappop(self._due)
             wait = when - time.monotonic()
             if wait > 0 and self._stop.wait(wait):
                 return
@@ -107,61 +119,132 @@ class Load:
                 else:
                     self.panel(self.rng.choice(self.world.slots), "panel")
             elif not late:  # a panel change within the unit's write wait
-                self.panel(slot, "panel_in_write_wait")
+                self.panel(slot, "panel_in_write_wait", point)
 
     # ------------------------------------------------------------------ changes
 
-    def value(self, slot: int, besides: tuple[float | None, ...] = ()) -> float:
-        """A value for a change of `slot`: none of its last few, and none of `besides`."""
-        recent = self.recent[slot]
-        value = self.rng.choice([v for v in VALUES if v not in recent and v not in besides])
+    def value(
+        self, slot: int, point: str, besides: tuple[PointValue | None, ...] = ()
+    ) -> PointValue | None:
+        """A value for a change of a point of `slot`: none of its last few, and none of
+        `besides` (None: every value is one of those)."""
+        values = VALUES_OF[point]
+        recent = self.recent[(slot, point)]
+        allowed = [
+            v
+            for v in values
+            if not any(known_points.same(v, r) for r in recent)
+            and not any(known_points.same(v, b) for b in besides)
+        ]
+        if not allowed:
+            return None
+        value = self.rng.choice(allowed)
         recent.append(value)
-        del recent[:-8]
+        # The last few, fewer for a point of few values: a choice of five keeps two.
+        keep = max(0, min(8, len(values) - 3))
+        del recent[: max(0, len(recent) - keep)]
         return value
 
-    def panel(self, slot: int, kind: str) -> None:
-        """Turns the knob of `slot` to another value than it holds, and than the value the
-        agent last synced for it: a knob turned to the value the unit holds changes nothing,
-        and one turned back to the last synced value cannot be told from no change by
-        anyone who did not see the values in between (README, "A failover")."""
+    def panel(self, slot: int, kind: str, point: str | None = None) -> None:
+        """Turns a knob of `slot` (of `point`, or of a point picked at random) to another
+        value than it holds, and than the agent last synced for it or has written and not
+        seen confirmed (its sync record's values): a knob turned to the value the unit holds
+        changes nothing, one turned back to the last synced value cannot be told from no
+        change by anyone who did not see the values in between (README, "A failover"), one
+        turned to a write in doubt is taken for that write, and one turned to the value of a
+        remote change made since the record was last written is taken for that change by a
+        standby that takes over (it follows the store's values: design.md, "A failover"). A
+        point with no such value (a switch whose synced value is not the one it holds) is
+        left for another."""
         unit = self.world.unit_at(slot)
         world = self.world
-        record = f"{device_id(slot)}\\synced".encode()
+        order = [point] if point is not None else self._deal("panel", slot)
+        turned: list[str] = []
+        # The record as the agent last wrote it, by the store's own record of writes: a
+        # store that restarted without its contents has none, but the agent remembers.
+        recorded, since = self._since_record(slot)
 
         def turn() -> None:
-            synced = None
+            synced = _synced(recorded)
+            for name, values in since.items():
+                synced.setdefault(name, []).extend(values)
             if world.store_up:
-                entry = world.store.store.entry(record)
-                with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
-                    synced = float(json.loads(entry.value)["value"])  # type: ignore[union-attr]
-            unit.panel_setpoint(self.value(slot, besides=(unit.setpoint, synced)))
+                entry = world.store.store.entry(f"{device_id(slot)}\\synced".encode())
+                for name, values in _synced(None if entry is None else entry.value).items():
+                    synced.setdefault(name, []).extend(values)
+            held = unit.core.point_values(time.monotonic())
+            for name in order:
+                value = self.value(slot, name, besides=(held[name], *synced.get(name, ())))
+                if value is not None:
+                    unit.panel_point(name, value)
+                    turned.append(name)
+                    return
 
         try:
             world.background.call(turn)
         except Exception:
             self.made[f"{kind}_failed"] += 1
             return
+        if not turned:
+            self.made[f"{kind}_no_value"] += 1
+            return
         self.made[kind] += 1
+        self.by_point[turned[0]]["panel"] += 1
+
+    def _since_record(self, slot: int) -> tuple[bytes | None, dict[str, list[PointValue]]]:
+        """The slot's sync record as an agent last wrote it, among the store's recent writes
+        (the newest few thousand: seconds of a line of 32), and the values written to each
+        of its points' keys since."""
+        record = f"{device_id(slot)}\\synced".encode()
+        keys = {point_key(slot, name).encode(): name for name in self.world.points}
+        since: dict[str, list[PointValue]] = defaultdict(list)
+        events = self.world.checker.store
+        for index in range(len(events) - 1, max(-1, len(events) - RECORD_LOOKBACK), -1):
+            event = events[index]
+            if not event.accepted or event.command != "SET":
+                continue
+            if event.key == record:
+                return event.value, since
+            name = keys.get(event.key)
+            if name is not None and event.value is not None:
+                with contextlib.suppress(known_points.InvalidValue):
+                    since[name].append(known_points.parse(known_points.point(name), event.value))
+        return None, since
 
     def remote(self, slot: int) -> None:
-        value = self.value(slot)
-        outcome = self._set(slot, value)
+        point = self._deal("remote", slot)[0]
+        value = self.value(slot, point)
+        assert value is not None  # with nothing besides, a point has a value not recent
+        outcome = self._set(slot, point, value)
         if outcome == "refused":
             self.made["remote_retried"] += 1
-            outcome = self._set(slot, value)
+            outcome = self._set(slot, point, value)
         self.made["remote" if outcome == "accepted" else f"remote_{outcome}"] += 1
+        if outcome == "accepted":
+            self.by_point[point]["remote"] += 1
         if outcome == "accepted" and self.rng.random() < self.panel_in_write_wait:
             delay = self.rng.uniform(0.02, max(0.03, self.world.min_write_interval_s))
-            self._at(time.monotonic() + delay, "panel_in_write_wait", slot)
+            self._at(time.monotonic() + delay, "panel_in_write_wait", slot, point)
 
-    def _set(self, slot: int, value: float) -> str:
+    def _deal(self, kind: str, slot: int) -> list[str]:
+        """The unit's next point for a change of this kind, from a deck of the world's
+        points shuffled anew when it runs out, then the others (to turn if it has no value
+        to take)."""
+        deck = self._decks[(kind, slot)]
+        if not deck:
+            deck.extend(self.rng.sample(self.world.points, len(self.world.points)))
+        first = deck.pop()
+        return [first, *(p for p in self.world.points if p != first)]
+
+    def _set(self, slot: int, point: str, value: PointValue) -> str:
+        text = known_points.encode(known_points.point(point), value)
         try:
             client = self._connected()
             lock = client.request("GET", self.world.lock_key)
             token = lock.prop("__ts")
             if lock.payload == NO_LOCK or token is None:
                 return "no_active"
-            reply = client.request("SET", f"{device_id(slot)}\\setPoint", f"{value:.1f}", ft=token)
+            reply = client.request("SET", point_key(slot, point), text, ft=token)
         except Exception:
             self._drop()
             return "failed"
@@ -181,3 +264,27 @@ class Load:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
+
+
+def _synced(raw: bytes | None) -> dict[str, list[PointValue]]:
+    """Each point's values in a sync record: the synced one and the writes pending (the set
+    point's at its top, the others under "points")."""
+    try:
+        record = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    found: dict[str, list[PointValue]] = {}
+    entries: dict[str, object] = {SET_POINT: record}
+    others = record.get("points")
+    if isinstance(others, dict):
+        entries.update(others)
+    for name, entry in entries.items():
+        if not isinstance(entry, dict):
+            continue
+        pending = entry.get("pending")
+        writes = [entry, *(pending if isinstance(pending, list) else [])]
+        values = [w.get("value") for w in writes if isinstance(w, dict)]
+        found[name] = [v for v in values if isinstance(v, str | bool | int | float)]
+    return found

@@ -19,10 +19,15 @@ unit a second is a read and a write each, 64 transactions a second, 4.5 s of lin
 second); at 115200 it takes about 6 ms, the load fits beside the polls, and every
 transaction still has a real span on the wire (first byte to last) for the lease check.
 
+Each unit is a whole thermostat (the built-in profile `sim`): the agents keep its set point,
+heating and cooling set points, mode, fan and occupancy, each in its key (`--points` names
+those the load changes; `--points setPoint` configures no profile, the set point alone).
+
 Load (tests/soak/load.py), on a thread of its own, independent of the faults: one remote
-change per unit per second, fenced with the lock's current version, and panel changes at
-random units (one per unit every four seconds), some of them right after a remote change to
-the same unit, within its least write interval (a panel change during a write wait).
+change per unit per second, of a point picked at random, fenced with the lock's current
+version, and panel changes at random units and points (one per unit every four seconds),
+some of them right after a remote change to the same point, within the unit's least write
+interval (a panel change during a write wait).
 
 Faults (tests/soak/faults.py), one at a time from a seeded catalogue: of the pair, its links
 and the store (`pair`), of the units (`unit`: lost, late, slow, garbled replies and line
@@ -32,17 +37,17 @@ whole again before the next.
 
 Checks: the checker (tests/soak/checker.py), fed only by the fake line's records and the
 store's own record of writes, never by the agents: one master on the line, the newest token
-on every write, no change lost, and every transaction an instance put on the line within a
-lease the store granted it. Liveness (tests/soak/liveness.py) is sampled every 25 ms
-throughout: a gap with no active instance is held against its fault's bound. Each fault's
-recovery (until an instance holds the lease by a grant or renewal since the fault ended,
-or the unit answers again) is held against the same bound. When the time is up the load and
-the faults stop, and every device must come to agree.
+on every write, no change of any point lost or reverted, and every transaction an instance
+put on the line within a lease the store granted it. Liveness (tests/soak/liveness.py) is
+sampled every 25 ms throughout: a gap with no active instance is held against its fault's
+bound. Each fault's recovery (until an instance holds the lease by a grant or renewal since
+the fault ended, or the unit answers again) is held against the same bound. When the time
+is up the load and the faults stop, and every point of every device must come to agree.
 
 The last line printed is one JSON object: the configuration, the faults injected by kind,
-the load made by kind, what the checker checked, violations (target 0) with the first ones'
-details, changes lost (target 0), recovery times (p50/p99) and the worst time with no active
-per fault kind.
+the load made by kind and by point, what the checker checked (the changes of each point),
+violations (target 0) with the first ones' details, changes lost (target 0), recovery times
+(p50/p99) and the worst time with no active per fault kind.
 """
 
 from __future__ import annotations
@@ -63,7 +68,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.soak.faults import UNIT_BOUND_S, Injector, catalogue
 from tests.soak.liveness import SLACK_S, Sampler, describe, judge, report
 from tests.soak.load import Load
-from tests.soak.world import LINE, PROBE_S, SHAPES, Agent, World, device_id, wait_until
+from tests.soak.world import (
+    LINE,
+    POINTS,
+    PROBE_S,
+    SHAPES,
+    Agent,
+    World,
+    device_id,
+    wait_until,
+)
 
 __all__ = ["LINE", "Agent", "World", "device_id", "run", "wait_until"]
 
@@ -86,6 +100,7 @@ def run(
     load: bool = True,
     logs: Path | None = None,
     agent_log_level: str = "INFO",
+    points: tuple[str, ...] = POINTS,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     weights = catalogue(faults)
@@ -101,6 +116,7 @@ def run(
             min_write_interval_s=min_write_interval_s,
             emulate_baud=emulate_baud or None,
             log_level=agent_log_level,
+            points=points,
         )
         sampler = Sampler(world.live, world.collect)
         generator = Load(world, seed) if load else None
@@ -175,7 +191,13 @@ def run(
         "emulate_baud": emulate_baud or None,
         "poll_interval_s": world.poll_interval_s,
         "faults": dict(sorted(stats.faults.items())),
+        "points": list(world.kept),
         "load": dict(sorted(generator.made.items())) if generator is not None else {},
+        "load_by_point": (
+            {point: dict(made) for point, made in generator.by_point.items()}
+            if generator is not None
+            else {}
+        ),
         "checked": {
             **summary["checked"],
             "liveness samples": sampler.samples,
@@ -265,11 +287,20 @@ def main() -> None:
         "--logs", type=Path, help="write every instance's lines and the violations' context here"
     )
     parser.add_argument("--agent-log-level", default="INFO", help="the agents' AGENT_LOG_LEVEL")
+    parser.add_argument(
+        "--points",
+        default=",".join(POINTS),
+        help="the points the load changes, by commas (setPoint alone: no profile)",
+    )
     args = parser.parse_args()
     try:
         catalogue(args.faults)
     except ValueError as exc:
         parser.error(str(exc))
+    points = tuple(p.strip() for p in args.points.split(",") if p.strip())
+    unknown = [p for p in points if p not in POINTS]
+    if not points or unknown:
+        parser.error(f"--points: some of {', '.join(POINTS)}, not {', '.join(unknown)}")
     result = run(
         args.seconds,
         args.seed,
@@ -282,6 +313,7 @@ def main() -> None:
         load=not args.no_load,
         logs=args.logs,
         agent_log_level=args.agent_log_level,
+        points=points,
     )
     for kind, count in sorted(result["faults"].items()):
         recovery = result["recovery_ms"].get(kind)

@@ -1,6 +1,7 @@
-"""Short soaks (a minute or two each): a pair serving a line under load and random faults,
-in three shapes. Marked "soak": left out of the default run, run by .ci/run as a step of its
-own (about six minutes for these three on two cores). A long one is
+"""Short soaks (a minute or two each): a pair serving a line of whole thermostats (every
+point changed remotely and at the panel) under load and random faults, in three shapes.
+Marked "soak": left out of the default run, run by .ci/run as a step of its own (about six
+minutes for these three on two cores). A long one is
 `python tests/soak/run.py --seconds 1800 --seed 1 --units 32 --ttl-ms 1000`.
 
 AGENT_SOAK_SECONDS scales every run (its value is the first run's length); AGENT_SOAK_SEED
@@ -25,6 +26,12 @@ SEED = int(os.environ.get("AGENT_SOAK_SEED", "1"))
 def held(result: dict[str, Any], *, faults: int) -> None:
     assert sum(result["faults"].values()) >= faults * SCALE, result
     assert result["load"].get("remote", 0) >= 0.5 * result["units"] * result["seconds"], result
+    # Whole thermostats: every point the agents write was changed both ways, and checked.
+    assert len(result["points"]) == 6, result
+    for point in result["points"]:
+        made = result["load_by_point"].get(point, {})
+        assert made.get("remote", 0) > 0 and made.get("panel", 0) > 0, (point, result)
+        assert result["checked"].get(f"changes of {point}", 0) > 0, (point, result)
     assert result["checked"].get("transactions on the wire", 0) > 0, result
     assert result["checked"]["liveness samples"] > 20 * result["seconds"], result
     assert result["violations"] == 0, result["details"]

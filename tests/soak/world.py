@@ -5,13 +5,19 @@ checker is fed from them.
 
 Two shapes of line: `multidrop`, N addressed units on one line (`AGENT_LINE_ID` and
 `AGENT_DEVICES`, the lock `soak\\lock`), and `p2p`, one unaddressed controller configured as a
-single device (`AGENT_DEVICE_ID=s01`, the lock `s01\\lock`), whose line-protocol driver has to
-wait out a late reply before its next request. Units are named by slot 1..N; on a p2p line
-slot 1 is the one unit (address None).
+single device (`s01` alone on a line of its name, the lock `s01\\lock`), whose line-protocol
+driver has to wait out a late reply before its next request. Units are named by slot 1..N; on
+a p2p line slot 1 is the one unit (address None).
+
+Each unit is a whole thermostat: its device names the built-in profile `sim`, and the agents
+keep every point it writes (set point, heating and cooling set points, mode, fan, occupancy),
+each in its key; with `points=("setPoint",)` the devices name no profile and the set point is
+all there is, as before profiles.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import signal
@@ -23,7 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.controller import line_protocol as lp
+from agent.controller import points as known_points
+from agent.controller.interface import PointValue
 from agent.controller.line_driver import TURNAROUND_S
+from agent.controller.points import FAN, MODE
+from agent.controller.sim_profile import SIM
 from agent.controller.timing import LineTiming
 from agent.emulator.embedded import EmbeddedStateStore
 from agent.simulator.line import FakeLine, RequestRecord, Unit
@@ -40,6 +50,20 @@ ACTIVE = re.compile(r"became active")
 STEPPED_DOWN = re.compile(r"stepped down to standby|handing over")
 READY = re.compile(r"started as (standby|active)")
 VALUES = [n / 2 for n in range(30, 60)]  # 15.0 .. 29.5, on the controllers' grid
+SET_POINT = "setPoint"
+POINTS = SIM.writable
+"""The points of a whole thermostat (the sim profile's) that the agents write."""
+VALUES_OF: dict[str, list[PointValue]] = {
+    SET_POINT: list(VALUES),
+    # Heating 15..21 and cooling 23..29: never against the deadband (1.0) whatever the
+    # order in which the changes of the two reach the unit, so no change is refused.
+    "heatSetPoint": [n / 2 for n in range(30, 43)],
+    "coolSetPoint": [n / 2 for n in range(46, 59)],
+    "mode": list(MODE.choices),
+    "fan": list(FAN.choices),
+    "occupied": [True, False],
+}
+"""What the load sets each point to."""
 PROBE_S = 2.0
 QUEUED_S = 0.005
 """A request the fake took this soon after its connection's previous transaction ended may
@@ -47,8 +71,28 @@ have waited for it in the connection."""
 SHAPES = ("multidrop", "p2p")
 
 
+READ_POINTS: dict[str, tuple[str, ...]] = {"GET SP": (SET_POINT,), "GET STATE": (SET_POINT,)}
+"""The points a read of the line protocol fetches, where not every point (GET POINTS)."""
+
+
 def device_id(address: int) -> str:
     return f"s{address:02d}"
+
+
+def point_key(slot: int, point: str) -> str:
+    return f"{device_id(slot)}\\{point}"
+
+
+def _parse(point: str, raw: bytes) -> PointValue | None:
+    try:
+        return known_points.parse(known_points.point(point), raw)
+    except known_points.InvalidValue:
+        return None
+
+
+def _point_shown(point: str) -> str:
+    """A point's name before its value in the logs, none for the set point (as before)."""
+    return "" if point == SET_POINT else f"{point} "
 
 
 def wait_until(predicate: Any, timeout: float, step: float = 0.05) -> float | None:
@@ -103,9 +147,20 @@ class World:
         emulate_baud: int | None = 115_200,
         poll_interval_s: float | None = None,
         log_level: str = "INFO",
+        points: tuple[str, ...] = POINTS,
     ) -> None:
+        """`points`: those the load changes (the set point alone: the devices name no
+        profile)."""
         if shape not in SHAPES:
             raise ValueError(f"shape must be one of {SHAPES}, not {shape!r}")
+        unknown = [p for p in points if p not in POINTS]
+        if not points or unknown:
+            raise ValueError(f"points must be some of {', '.join(POINTS)}, not {unknown}")
+        self.points = points
+        self.profiled = points != (SET_POINT,)
+        """The devices name the profile `sim` (every point kept)."""
+        self.kept = POINTS if self.profiled else (SET_POINT,)
+        """The points the agents keep in sync, each checked."""
         self.directory = directory
         self.shape = shape
         self.units = 1 if shape == "p2p" else units
@@ -123,11 +178,17 @@ class World:
         self.slow_reply_s = timing.chars_s(2 * lp.MAX_LINE) + 0.02
         """A reply that took longer than this came from a slow unit."""
         self.slots = list(range(1, self.units + 1))
-        self.lock_key = f"{device_id(1)}\\lock" if shape == "p2p" else f"{LINE}\\lock"
+        self.line_id = device_id(1) if shape == "p2p" else LINE
+        self.lock_key = f"{self.line_id}\\lock"
         self.background = BackgroundLoop()
         self.port = free_port()
         self.data_dir = directory / "store"
-        self.checker = Checker({n: device_id(n) for n in self.slots}, self.lock_key.encode())
+        self.checker = Checker(
+            {n: device_id(n) for n in self.slots},
+            self.lock_key.encode(),
+            points=self.kept,
+            history_key=f"{self.line_id}\\history".encode(),
+        )
         self.store_up = False
         self.store = self._start_store(keep=True)
         self.line = FakeLine(
@@ -211,11 +272,20 @@ class World:
             "AGENT_TELEMETRY__INTERVAL_S": "5",
             "AGENT_LOG_LEVEL": self.log_level,
         }
-        if self.shape == "p2p":
+        if not self.profiled and self.shape == "p2p":
             env["AGENT_DEVICE_ID"] = device_id(1)
-        else:
+        elif not self.profiled:
             env["AGENT_LINE_ID"] = LINE
             env["AGENT_DEVICES"] = ",".join(f"{device_id(n)}@{n}" for n in self.slots)
+        else:
+            # A p2p controller alone on a line of its name: the single device, with a profile.
+            env["AGENT_LINE_ID"] = self.line_id
+            env["AGENT_DEVICES"] = json.dumps(
+                [
+                    {"id": device_id(n), "address": self.address_of(n), "profile": SIM.name}
+                    for n in self.slots
+                ]
+            )
         return env
 
     def start_agent(self, name: str) -> Agent:
@@ -385,7 +455,9 @@ class World:
                     for item in reversed(items):
                         if item.at <= last:
                             break
-                        new.append(UnitEvent(item.at, slot, kind, item.value))
+                        if item.stored is None:
+                            continue  # refused: the unit kept what it held
+                        new.append(UnitEvent(item.at, slot, kind, item.stored, item.point))
                     if new:
                         seen[(slot, kind)] = new[0].at
                     events.extend(reversed(new))
@@ -432,30 +504,46 @@ class World:
             record.request_ended_at,
             instance,
             sent,
+            READ_POINTS.get(record.kind),
         )
 
-    def unit_setpoints(self) -> dict[int, float]:
-        return self.background.call(lambda: {n: self.unit_at(n).setpoint for n in self.slots})
+    def unit_points(self) -> dict[tuple[int, str], PointValue]:
+        """What every unit holds in each point kept, by (slot, point)."""
 
-    def stored_setpoints(self) -> dict[int, bytes | None]:
-        def read() -> dict[int, bytes | None]:
-            entries = {
-                n: self.store.store.entry(f"{device_id(n)}\\setPoint".encode()) for n in self.slots
-            }
-            return {n: None if e is None else e.value for n, e in entries.items()}
+        def read() -> dict[tuple[int, str], PointValue]:
+            now = time.monotonic()
+            held = {n: self.unit_at(n).core.point_values(now) for n in self.slots}
+            return {(n, p): held[n][p] for n in self.slots for p in self.kept}
+
+        return self.background.call(read)
+
+    def stored_points(self) -> dict[tuple[int, str], bytes | None]:
+        """What the store holds in each point's key, by (slot, point)."""
+
+        def read() -> dict[tuple[int, str], bytes | None]:
+            found: dict[tuple[int, str], bytes | None] = {}
+            for n in self.slots:
+                for point in self.kept:
+                    entry = self.store.store.entry(point_key(n, point).encode())
+                    found[(n, point)] = None if entry is None else entry.value
+            return found
 
         return self.background.call(read)
 
     def agree(self) -> bool:
-        units, stored = self.unit_setpoints(), self.stored_setpoints()
-        return all((value := stored[n]) is not None and float(value) == units[n] for n in units)
+        units, stored = self.unit_points(), self.stored_points()
+        return all(
+            (value := stored[key]) is not None
+            and known_points.same(_parse(key[1], value), units[key])
+            for key in units
+        )
 
     def settle_and_check(self) -> dict[str, Any]:
-        """Once faults stop: waits for every controller and its set point key to agree,
-        then runs the checker over everything recorded; its summary."""
+        """Once faults stop: waits for every point kept of every controller and its key to
+        agree, then runs the checker over everything recorded; its summary."""
         wait_until(self.agree, 10 * self.ttl_ms / 1000 + 20, step=0.2)
         self.collect()
-        final_units, final_store = self.unit_setpoints(), self.stored_setpoints()
+        final_units, final_store = self.unit_points(), self.stored_points()
         self.refresh_roles()
         self.checker.check_one_master()
         self.checker.check_tokens()
@@ -483,14 +571,15 @@ class World:
     ) -> list[str]:
         """What the checker knows of one unit within [moment - before, moment + after]: its
         panel changes and writes, the transactions addressed to it, the store's writes of
-        its set point key, and the lock's grants."""
+        its points' keys, and the lock's grants."""
         low, high = moment - before, moment + after
-        key = f"{device_id(slot)}\\setPoint".encode()
+        keys = {point_key(slot, point).encode() for point in self.kept}
         lock = self.lock_key.encode()
         rows: list[tuple[float, str]] = []
         for unit_event in self.checker.units:
             if unit_event.address == slot and low <= unit_event.at <= high:
-                rows.append((unit_event.at, f"unit {unit_event.kind} {unit_event.value}"))
+                what = f"unit {unit_event.kind} {_point_shown(unit_event.point)}"
+                rows.append((unit_event.at, f"{what}{unit_event.value}"))
         for line_event in self.checker.line:
             if line_event.address == slot and low <= line_event.at <= high:
                 rows.append(
@@ -502,7 +591,7 @@ class World:
                     )
                 )
         for event in self.checker.store:
-            if event.key in (key, lock) and low <= event.at <= high:
+            if (event.key in keys or event.key == lock) and low <= event.at <= high:
                 rows.append(
                     (
                         event.at,
@@ -545,7 +634,7 @@ class World:
             for unit_event in sorted(self.checker.units, key=lambda e: e.at):
                 out.write(
                     f"{unit_event.at:.3f} s{unit_event.address:02d} {unit_event.kind} "
-                    f"{unit_event.value}\n"
+                    f"{_point_shown(unit_event.point)}{unit_event.value}\n"
                 )
 
     def close(self) -> None:
