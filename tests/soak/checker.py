@@ -21,8 +21,9 @@ Checks:
    before it was published; an agent publishes only what a panel change made (the newest,
    or one turned over again at the panel before its publish landed; or a value the store
    lost, again); a remote change the store accepted ends up at the controller unless a
-   later change took its place; and when the faults stop, every point of every controller
-   and its key agree.
+   later change took its place (a publish to a key the store no longer had, refused
+   because a remote change re-created it first, gives way to that change); and when the
+   faults stop, every point of every controller and its key agree.
 4. Every byte on the wire within a lease: every request an instance put on the line (from
    when it reached the line, a request that waited for the medium included, to its last
    byte) lies within a lease of the line's lock that the store granted that instance (from
@@ -258,9 +259,15 @@ class Checker:
         }
         for event in self.store:
             found = keys.get(event.key)
-            if found is None or not event.accepted or event.command != "SET":
+            if found is None or event.command != "SET":
                 continue
-            kind = "publish" if event.client.startswith(AGENT_PREFIX) else "remote"
+            agent = event.client.startswith(AGENT_PREFIX)
+            if event.accepted:
+                kind = "publish" if agent else "remote"
+            elif agent:
+                kind = "refused"  # a publish the store turned down
+            else:
+                continue
             by_point[found].append((event.at, kind, _parse(found[1], event.value)))
         for wiped in self.wiped_at:
             for address in self.device_of:
@@ -308,6 +315,9 @@ class Checker:
         controller: Any = None
         store_holds: Any = None
         pending_remote: tuple[float, Any] | None = None  # accepted, not applied yet
+        # No agent's write of the key accepted since the store had none (at the start, or
+        # once it forgot its contents): an agent publishes to it only if it is still empty.
+        empty_since = True
         last_read = float("-inf")
         for at, kind, value in events:
             if kind == "read":
@@ -338,7 +348,22 @@ class Checker:
                 controller = value
                 if pending_remote is not None and _same(value, pending_remote[1]):
                     pending_remote = None
+            elif kind == "refused":
+                if (
+                    empty_since
+                    and store_holds is not None
+                    and unpublished is not None
+                    and _same(value, unpublished[1])
+                ):
+                    # The panel change, published only if the key was still empty, lost
+                    # the race to a remote change written meanwhile, which is applied
+                    # instead (design.md, "A publish to an empty store is SET NX"). A
+                    # panel change made after that reading is still to be published.
+                    self.checked["publishes that lost the race to a remote change"] += 1
+                    superseded.append(unpublished[1])
+                    unpublished = None
             elif kind == "publish":
+                empty_since = False
                 if store_holds is not None and _same(value, store_holds):
                     # The value the store holds, written back (a new active fencing the key
                     # with its token): nothing changes, a pending remote change stays pending.
@@ -376,6 +401,7 @@ class Checker:
                     pending_remote = None
             elif kind == "wipe":
                 store_holds = None
+                empty_since = True
             if (
                 unpublished is not None
                 and store_holds is not None

@@ -353,3 +353,57 @@ def test_a_knob_turned_to_the_value_the_store_holds_is_not_lost_when_written_ove
     stored = {(1, "setPoint"): b"20.0", (1, "mode"): b"auto", (1, "occupied"): b"true"}
     c.check_changes(final, stored)
     assert c.violations == [] and c.lost == 0, c.violations
+
+
+def lost_race(*, refused: bytes) -> Checker:
+    """The store forgot its contents; a remote change (25.0) re-creates the key before the
+    agent's publish of the unit's value to the empty key (`refused`) lands: the remote
+    change is applied over the panel change made before the wipe (22.0)."""
+    c = checker()
+    c.units = [
+        UnitEvent(0.5, 1, "write", 20.0),
+        UnitEvent(1.5, 1, "panel", 21.0),
+        UnitEvent(2.5, 1, "panel", 22.0),
+        UnitEvent(6.0, 1, "write", 25.0),
+    ]
+    c.line = [LineEvent(2.6, "tcp-1", 1, "GET STATE", None, False)]
+    c.wiped_at = [3.0]
+    c.store = [
+        store(1.0, "agent-l-a", KEY, b"20.0", token=v(1)),
+        store(4.0, "remote", KEY, b"25.0", token=v(2)),
+        store(4.5, "agent-l-a", KEY, refused, token=v(2), accepted=False),
+    ]
+    c.check_changes({1: 25.0}, {1: b"25.0"})
+    return c
+
+
+def test_a_publish_to_the_empty_key_that_lost_the_race_gives_way_to_the_remote_change() -> None:
+    c = lost_race(refused=b"22.0")
+    assert c.violations == [] and c.lost == 0, c.violations
+    assert c.checked["publishes that lost the race to a remote change"] == 1
+
+
+def test_a_panel_change_made_after_the_reading_that_lost_the_race_is_still_owed() -> None:
+    """The refused publish carried an older reading (21.0): the panel change made since
+    (22.0) is still to be published, not written over."""
+    c = lost_race(refused=b"21.0")
+    assert [x.kind for x in c.violations] == ["panel change lost"], c.violations
+
+
+def test_a_refused_publish_to_a_key_the_agents_wrote_since_the_store_had_it() -> None:
+    """Refused while the key holds an agent's write since the store had it (a former
+    active's late write, refused by the newer fence): the panel change is still owed."""
+    c = checker()
+    c.units = [
+        UnitEvent(0.5, 1, "write", 20.0),
+        UnitEvent(2.5, 1, "panel", 22.0),
+        UnitEvent(6.0, 1, "write", 25.0),
+    ]
+    c.line = [LineEvent(2.6, "tcp-1", 1, "GET STATE", None, False)]
+    c.store = [
+        store(1.0, "agent-l-a", KEY, b"20.0", token=v(1)),
+        store(4.0, "remote", KEY, b"25.0", token=v(2)),
+        store(4.5, "agent-l-a", KEY, b"22.0", token=v(1), accepted=False),
+    ]
+    c.check_changes({1: 25.0}, {1: b"25.0"})
+    assert [x.kind for x in c.violations] == ["panel change lost"], c.violations
