@@ -19,6 +19,8 @@ from tests.ops.support import Topics, health_topic
 from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, RECONCILED, STANDBY, STEPPED_DOWN, LineRig, Rig
 
+pytestmark = pytest.mark.slow
+
 RETRYING = re.compile(r"retrying in ([0-9.]+) s")
 RECONNECTED = re.compile(r"reconnected to the broker")
 DUPLICATE = re.compile(r"another process runs with instance id")

@@ -20,6 +20,8 @@ from tests.agent.test_clock_step import faked_env, libfaketime  # noqa: F401 (a 
 from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, LOCK_KEY, STANDBY, STEPPED_DOWN, Rig
 
+pytestmark = pytest.mark.slow
+
 DUPLICATE = re.compile(r"another process .*instance id")
 WAITING = re.compile(r"waiting ([0-9.]+) s for the previous lease to end")
 PUBLISHED_AT_TAKEOVER = re.compile(r"published set point (\S+)")

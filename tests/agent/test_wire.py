@@ -19,6 +19,8 @@ import pytest
 from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, RECONCILED, STANDBY, STEPPED_DOWN, LineRig, Rig
 
+pytestmark = pytest.mark.slow
+
 LOST_LEASE = re.compile(r"lock .* lost")
 
 

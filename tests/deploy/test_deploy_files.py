@@ -43,6 +43,8 @@ from tests.deploy.support import (
     verify_unit,
 )
 
+pytestmark = pytest.mark.slow
+
 VENV = "/opt/agent/venv"
 SHELL_SCRIPTS = sorted(DEPLOY.glob("*.sh"))
 DEB_SCRIPTS = sorted((DEPLOY / "deb").iterdir())
