@@ -151,11 +151,11 @@ class Load:
         seen confirmed (its sync record's values): a knob turned to the value the unit holds
         changes nothing, one turned back to the last synced value cannot be told from no
         change by anyone who did not see the values in between (README, "A failover"), one
-        turned to a write in doubt is taken for that write, and one turned to the value of a
-        remote change made since the record was last written is taken for that change by a
-        standby that takes over (it follows the store's values: design.md, "A failover"). A
-        point with no such value (a switch whose synced value is not the one it holds) is
-        left for another."""
+        turned to a write in doubt is taken for that write, and one turned to a value the
+        point's key was given after the version the record has for it (a remote change, or a
+        new active writing one back) is taken for a sync at that value by a standby that
+        takes over (design.md, "A failover"). A point with no such value (a switch whose
+        synced value is not the one it holds) is left for another."""
         unit = self.world.unit_at(slot)
         world = self.world
         order = [point] if point is not None else self._deal("panel", slot)
@@ -194,22 +194,33 @@ class Load:
     def _since_record(self, slot: int) -> tuple[bytes | None, dict[str, list[PointValue]]]:
         """The slot's sync record as an agent last wrote it, among the store's recent writes
         (the newest few thousand: seconds of a line of 32), and the values written to each
-        of its points' keys since."""
+        of its points' keys at a newer version than the record's for that point: a standby
+        takes a value it saw there, that the unit holds, for one the unit was synced at (a
+        new active writes the record back unchanged, so its time says nothing)."""
         record = f"{device_id(slot)}\\synced".encode()
         keys = {point_key(slot, name).encode(): name for name in self.world.points}
-        since: dict[str, list[PointValue]] = defaultdict(list)
         events = self.world.checker.store
-        for index in range(len(events) - 1, max(-1, len(events) - RECORD_LOOKBACK), -1):
+        low = max(-1, len(events) - RECORD_LOOKBACK)
+        raw: bytes | None = None
+        for index in range(len(events) - 1, low, -1):
             event = events[index]
-            if not event.accepted or event.command != "SET":
-                continue
-            if event.key == record:
-                return event.value, since
+            if event.key == record and event.accepted and event.command == "SET":
+                raw = event.value
+                break
+        synced_at = _versions(raw)
+        since: dict[str, list[PointValue]] = defaultdict(list)
+        for index in range(len(events) - 1, low, -1):
+            event = events[index]
             name = keys.get(event.key)
-            if name is not None and event.value is not None:
+            if name is None or not event.accepted or event.command != "SET":
+                continue
+            at, version = synced_at.get(name), _version(event.version)
+            if at is not None and version is not None and version <= at:
+                continue
+            if event.value is not None:
                 with contextlib.suppress(known_points.InvalidValue):
                     since[name].append(known_points.parse(known_points.point(name), event.value))
-        return None, since
+        return raw, since
 
     def remote(self, slot: int) -> None:
         point = self._deal("remote", slot)[0]
@@ -287,4 +298,34 @@ def _synced(raw: bytes | None) -> dict[str, list[PointValue]]:
         writes = [entry, *(pending if isinstance(pending, list) else [])]
         values = [w.get("value") for w in writes if isinstance(w, dict)]
         found[name] = [v for v in values if isinstance(v, str | bool | int | float)]
+    return found
+
+
+def _version(text: str | None) -> tuple[int, int] | None:
+    """A store version (`wall:counter:node`) in the order the store gives them."""
+    try:
+        wall, counter, _ = (text or "").split(":", 2)
+        return int(wall), int(counter)
+    except ValueError:
+        return None
+
+
+def _versions(raw: bytes | None) -> dict[str, tuple[int, int]]:
+    """The version each point was synced at, by a sync record."""
+    try:
+        record = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        return {}
+    if not isinstance(record, dict):
+        return {}
+    entries: dict[str, object] = {SET_POINT: record}
+    others = record.get("points")
+    if isinstance(others, dict):
+        entries.update(others)
+    found: dict[str, tuple[int, int]] = {}
+    for name, entry in entries.items():
+        if isinstance(entry, dict) and isinstance(entry.get("version"), str):
+            version = _version(entry["version"])
+            if version is not None:
+                found[name] = version
     return found

@@ -36,7 +36,10 @@ from agent.controller.points import FAN, MODE
 from agent.controller.sim_profile import SIM
 from agent.controller.timing import LineTiming
 from agent.emulator.embedded import EmbeddedStateStore
+from agent.protocol.hlc import Hlc
 from agent.simulator.line import FakeLine, RequestRecord, Unit
+from agent.sync.decisions import Synced
+from agent.sync.record import PointRecord, encode_record
 from tests.harness.proxy import FaultProxy
 from tests.soak.checker import Checker, LineEvent, UnitEvent
 from tests.support.paho_client import PahoStoreClient
@@ -69,6 +72,8 @@ QUEUED_S = 0.005
 """A request the fake took this soon after its connection's previous transaction ended may
 have waited for it in the connection."""
 SHAPES = ("multidrop", "p2p")
+SEED_VERSION = json.loads(RECORD_OF_20)["version"]
+"""The version of the seeded sync records' values: older than any the store gives."""
 
 
 READ_POINTS: dict[str, tuple[str, ...]] = {"GET SP": (SET_POINT,), "GET STATE": (SET_POINT,)}
@@ -230,16 +235,32 @@ class World:
         watch_writes(store.store, self.checker.store.append)
 
     def _seed(self) -> None:
+        """Each unit's sync record, as a line already in sync would have it: the set point
+        at 20.0 (and on a whole thermostat every other point kept at the unit's value),
+        each synced at an old version; the points' keys are left to the agents."""
         for n in self.slots:
             now = f"{time.time_ns() // 1_000_000:015d}:00000:seed"
             key = f"{device_id(n)}\\synced".encode()
+            record = self._record_of(n) if self.profiled else RECORD_OF_20
             payload = b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
                 len(key),
                 key,
-                len(RECORD_OF_20),
-                RECORD_OF_20,
+                len(record),
+                record,
             )
             self.store.store.handle("seed", payload, now, None)
+
+    def _record_of(self, slot: int) -> bytes:
+        held = self.unit_at(slot).core.point_values(time.monotonic())
+        version = Hlc.parse(SEED_VERSION)
+        return encode_record(
+            Synced(held[SET_POINT], version),
+            points={
+                point: PointRecord(Synced(held[point], version))
+                for point in self.kept
+                if point != SET_POINT
+            },
+        )
 
     def restart_store(self, *, keep: bool, outage_s: float) -> None:
         self.store_up = False
