@@ -8,9 +8,10 @@ faults.
   (read just before, as `agent setpoint` does; a write refused for "a lower version" is
   tried once more with the lock read again).
 - Panel changes at random units (their points dealt likewise), `panel_per_unit_s` a second
-  for every unit, each to another value than the unit holds and than the agent last synced
-  for it (a switch whose synced value is not the one it holds has no such value: the next
-  point is turned instead).
+  for every unit, each to another value than the unit holds, than the values of its sync
+  record, and than the values its key took after the record's version for it (values a
+  standby taking over could not tell from a sync; a point with no such value left, often a
+  switch, is passed over for the next).
 - Panel changes during a write wait: after a remote change, now and then, a panel change of
   the same point of the same unit within its least write interval.
 

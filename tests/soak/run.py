@@ -24,10 +24,10 @@ heating and cooling set points, mode, fan and occupancy, each in its key (`--poi
 those the load changes; `--points setPoint` configures no profile, the set point alone).
 
 Load (tests/soak/load.py), on a thread of its own, independent of the faults: one remote
-change per unit per second, of a point picked at random, fenced with the lock's current
-version, and panel changes at random units and points (one per unit every four seconds),
-some of them right after a remote change to the same point, within the unit's least write
-interval (a panel change during a write wait).
+change per unit per second, of a point dealt from a shuffled deck, fenced with the lock's
+current version, and panel changes at random units and points (one per unit every four
+seconds), some of them right after a remote change to the same point, within the unit's
+least write interval (a panel change during a write wait).
 
 Faults (tests/soak/faults.py), one at a time from a seeded catalogue: of the pair, its links
 and the store (`pair`), of the units (`unit`: lost, late, slow, garbled replies and line
