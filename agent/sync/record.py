@@ -177,17 +177,20 @@ def _parse_pending(data: Any, name: str) -> tuple[Synced, ...]:
 
 def _parse_published(data: Any, name: str) -> PointValue | None:
     value = data.get("published")
-    return None if value is None else _value(name, value)
+    return None if value is None else point_value(name, value)
 
 
 def _parse_entry(data: Any, name: str) -> Synced:
     value, version = data["value"], data["version"]
     if not isinstance(version, str):
         raise InvalidRecord("a version is a text")
-    return Synced(_value(name, value), Hlc.parse(version))
+    return Synced(point_value(name, value), Hlc.parse(version))
 
 
-def _value(name: str, value: Any) -> PointValue:
+def point_value(name: str, value: Any) -> PointValue:
+    """A point's value as JSON holds it, checked against the point's kind (a mode is one of
+    its choices, occupancy true or false, a number finite): what a record or a state file
+    says it synced."""
     kind = POINTS[name].kind
     if kind is Kind.SWITCH:
         if not isinstance(value, bool):

@@ -10,15 +10,21 @@ import os
 import tempfile
 from pathlib import Path
 
+from agent.controller.points import SET_POINT
 from agent.protocol.hlc import Hlc, HlcError
 from agent.sync.decisions import Synced
+from agent.sync.record import point_value
 
 log = logging.getLogger(__name__)
 
 
 class StateFile:
-    def __init__(self, directory: Path, device_id: str) -> None:
+    """One point's file (the set point's by default): its values are read back as that
+    point's kind, a mode as a text, occupancy as true or false, a set point as a number."""
+
+    def __init__(self, directory: Path, device_id: str, point: str = SET_POINT.name) -> None:
         self.path = directory / f"{device_id}.synced.json"
+        self.point = point
         self._writing: asyncio.Lock | None = None
 
     async def store(self, synced: Synced, pending: tuple[Synced, ...] = ()) -> None:
@@ -34,7 +40,8 @@ class StateFile:
         try:
             entries = json.loads(self.path.read_text()).get("pending", [])
             return tuple(
-                Synced(float(entry["value"]), Hlc.parse(entry["version"])) for entry in entries
+                Synced(point_value(self.point, entry["value"]), Hlc.parse(entry["version"]))
+                for entry in entries
             )
         except FileNotFoundError:
             return ()
@@ -48,7 +55,7 @@ class StateFile:
             value = data.get("value")
             version = data.get("version")
             return Synced(
-                None if value is None else float(value),
+                None if value is None else point_value(self.point, value),
                 None if version is None else Hlc.parse(version),
             )
         except FileNotFoundError:
