@@ -895,3 +895,23 @@ def test_ansible_role_removes_every_file_of_a_line_no_longer_listed(tmp_path: Pa
         "/etc/credstore/agent.floor9.mqtt-password",
         "/etc/credstore/agent.floor9.mqtt-key-password",
     ]
+
+
+def test_ansible_role_reads_the_installed_version_as_dpkg_query_prints_it(tmp_path: Path) -> None:
+    """dpkg-query prints the status in three characters and then the format's space: a
+    version read with that space never equals the file's, and every play installed the
+    package again, restarting agents whose devices alone changed instead of reloading them."""
+    import yaml
+
+    variables = yaml.safe_load((ANSIBLE / "roles" / "agent" / "vars" / "main.yml").read_text())
+    expression = variables["agent_installed_version"]
+    printed = subprocess.run(
+        ["dpkg-query", "--showformat=${db:Status-Abbrev} ${Version}", "--show", "dpkg"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    version = printed.split()[-1]
+    assert evaluate(tmp_path, expression, agent_dpkg_query={"stdout": printed}) == version
+    gone = {"stdout": "un  "}
+    assert evaluate(tmp_path, expression, agent_dpkg_query=gone) == ""
