@@ -69,6 +69,11 @@ class StoreService:
         if message.qos != 1:
             log.warning("request from %s at QoS %d not executed", client_id, message.qos)
             return
+        # Keys whose time ran out before this request (their timer not yet run) expire first,
+        # and their DELETE goes out before its reply, as from a store that expires keys on
+        # time: a standby granted a lock whose lease just ran out learns of the expiry before
+        # the grant, not after it (it would then wait out a lease that is already over).
+        self._send_expired()
         try:
             outcome = self.store.handle(
                 client_id or "",
@@ -85,6 +90,17 @@ class StoreService:
         for notification in outcome.notifications:
             self._send(self._notification(notification))
         self._schedule_expiry()
+
+    def _send_expired(self) -> None:
+        try:
+            notifications = self.store.expire()
+        except Exception:
+            # The request is still executed (its store call expires keys again, and a failure
+            # there is answered) and the timer tries again.
+            log.exception("expiring keys before a request failed")
+            return
+        for notification in notifications:
+            self._send(self._notification(notification))
 
     def _send(self, message: Message) -> None:
         try:

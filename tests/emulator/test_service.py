@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -82,3 +83,44 @@ def test_an_exception_while_expiring_does_not_stop_expiry(
     assert delete_note.payload == b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"
     assert not failures
     assert any(r.exc_info for r in caplog.records)
+
+
+def test_a_lease_that_ran_out_is_notified_before_the_reply_to_the_next_request(
+    emulator_factory: EmulatorFactory,
+    clients: Callable[[int, str], PahoStoreClient],
+) -> None:
+    """A request that comes after a key's deadline but before the expiry timer ran: the
+    key's DELETE reaches a watcher before the reply, as from a store that expires keys on
+    time. A standby whose acquisition of an expired lock is granted then knows the lease
+    ended (no lock delay to wait out); with the reply first, it learnt of it only after."""
+    server = emulator_factory()
+    service = server.emulator.service
+    standby = clients(server.port, "standby")
+    order: list[str] = []
+    paho = standby.client
+    receive = paho.on_message
+
+    def recorded(client: Any, userdata: Any, message: Any) -> None:
+        order.append("notify" if "/command/notify/" in message.topic else "reply")
+        receive(client, userdata, message)
+
+    paho.on_message = recorded
+    assert standby.request("KEYNOTIFY", "line\\lock").payload == b"+OK\r\n"
+    holder = clients(server.port, "holder")
+    server.run(_without_expiry_timer(service))
+    assert holder.request("SET", "line\\lock", "a", "NX", "PX", "50").payload == b"+OK\r\n"
+    standby.notifications.get(timeout=TIMEOUT)  # the SET
+    time.sleep(0.1)  # past the deadline; no timer runs the expiry
+    order.clear()
+    assert standby.request("SET", "line\\lock", "b", "NX", "PX", "3000").payload == b"+OK\r\n"
+    deleted = standby.notifications.get(timeout=TIMEOUT)
+    assert b"DELETE" in deleted.payload
+    assert order[:2] == ["notify", "reply"], order
+
+
+async def _without_expiry_timer(service: Any) -> None:
+    """Keys then expire only when a request comes (as if their timer had not run yet)."""
+    service._schedule_expiry = lambda: None
+    if service._expiry_timer is not None:
+        service._expiry_timer.cancel()
+        service._expiry_timer = None
