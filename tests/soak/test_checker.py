@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tests.soak.checker import Checker, LineEvent, StoreEvent, UnitEvent
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.soak.checker import Checker, LineEvent, StoreEvent, UnitEvent, _Grants, _newer
 
 LOCK = b"l\\lock"
 KEY = b"d1\\setPoint"
@@ -407,3 +410,21 @@ def test_a_refused_publish_to_a_key_the_agents_wrote_since_the_store_had_it() ->
     ]
     c.check_changes({1: 25.0}, {1: b"25.0"})
     assert [x.kind for x in c.violations] == ["panel change lost"], c.violations
+
+
+@given(
+    st.lists(st.sampled_from(["a", "b", "c"]), max_size=40),
+    st.lists(st.tuples(st.integers(0, 45), st.sampled_from(["a", "b", "c", None])), max_size=20),
+)
+def test_the_first_newer_grant_of_another_holder_is_found_as_a_scan_finds_it(
+    holders: list[str], queries: list[tuple[int, str | None]]
+) -> None:
+    """The bisection over runs of renewals finds what a scan of every grant finds."""
+    grants = _Grants()
+    versions = [f"{1000 + n}:0:store" for n in range(len(holders))]
+    for version, holder in zip(versions, holders, strict=True):
+        grants.add(version, holder)
+    for position, own in queries:
+        token = f"{1000 + position}:0:store"
+        scan = [h for v, h in zip(versions, holders, strict=True) if _newer(v, token) and h != own]
+        assert grants.first_newer_other(token, own) == (scan[0] if scan else None)
