@@ -352,8 +352,17 @@ class PairSite:
         (other,) = [n for n in self.names if n != name]
         return other
 
-    def write_inventory(self, *, port: int | None = None) -> Path:
-        """The pair's inventory: gw1 on side a, gw2 on side b, both serving LINE."""
+    def write_inventory(
+        self,
+        *,
+        port: int | None = None,
+        devices: Sequence[dict[str, Any]] | None = None,
+        extra_vars: dict[str, Any] | None = None,
+    ) -> Path:
+        """The pair's inventory: gw1 on side a, gw2 on side b, both serving LINE (DEVICES, or
+        `devices`)."""
+        if devices is None:
+            devices = [{"id": d, "address": n} for n, d in enumerate(DEVICES, 1)]
         settings = {
             "AGENT_MQTT__HOST": self.host,
             "AGENT_MQTT__PORT": port or self.port,
@@ -366,19 +375,26 @@ class PairSite:
             lines=[
                 {
                     "id": LINE,
-                    "devices": [{"id": d, "address": n} for n, d in enumerate(DEVICES, 1)],
+                    "devices": list(devices),
                     "settings": {"AGENT_SERIAL__URL": self.device_url},
                 }
             ],
             settings=settings,
-            extra_vars={"agent_mqtt_password": MQTT_PASSWORD},
+            extra_vars={"agent_mqtt_password": MQTT_PASSWORD, **(extra_vars or {})},
         )
         return write_inventory(self.playbook.inventory, inventory)
 
     def deploy(
-        self, deb: Path, *, check_mode: bool = False, port: int | None = None, check: bool = True
+        self,
+        deb: Path,
+        *,
+        check_mode: bool = False,
+        port: int | None = None,
+        check: bool = True,
+        devices: Sequence[dict[str, Any]] | None = None,
+        extra_vars: dict[str, Any] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        self.write_inventory(port=port)
+        self.write_inventory(port=port, devices=devices, extra_vars=extra_vars)
         return self.playbook.run(deb=deb, check_mode=check_mode, check=check)
 
     # -- roles

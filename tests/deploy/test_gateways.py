@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from subprocess import CompletedProcess
+from typing import Any
 
 import pytest
 
@@ -104,6 +105,7 @@ def test_check_mode_works_on_gateways_without_the_package(deployed: Deployed) ->
     assert all(counts["failed"] == 0 for counts in recap(run).values()), run.stdout[-3000:]
     # What would be written is shown, and nothing was installed or written.
     assert "AGENT_INSTANCE_ID='gw1'" in run.stdout and "AGENT_SERIAL__URL=" in run.stdout
+    assert f"/etc/agent/{LINE}.devices.json" in run.stdout
     for name, state in deployed.after_check.items():
         assert state.startswith("absent"), (name, state)
         assert "disabled" in state, (name, state)
@@ -175,7 +177,7 @@ def test_journal_priorities_and_fields(site: PairSite) -> None:
     assert warning["SYSLOG_IDENTIFIER"] == "agent"
     assert warning["MESSAGE"].startswith(f"[{LINE}/{DEVICE} {active}] ")
     assert warning["LINE"] == LINE and warning["ROLE"] == "active"
-    assert warning["CODE_FILE"].endswith("/agent/sync/device.py")
+    assert warning["CODE_FILE"].endswith("/agent/sync/point.py")
     assert warning["CODE_FUNC"] and int(warning["CODE_LINE"]) > 0
     assert warning["_SYSTEMD_UNIT"] == UNIT
     infos = [e for e in entries if e["PRIORITY"] == "6"]
@@ -257,6 +259,181 @@ def test_pause_and_resume_with_changes_on_both_sides(site: PairSite) -> None:
     assert store[DEVICES[1]] == "17.5" and store[DEVICES[2]] == "24.5"
     assert site.panel("@3 GET SP") == "@3 SP 24.5"
     assert site.roles() == (active, standby)
+
+
+# --------------------------------------------------------------------------- reloading a line
+
+
+DEVICES_FILE = f"/etc/agent/{LINE}.devices.json"
+RELOADED = re.compile(r"reloaded: (.*) \(configuration (\w+), was (\w+)\)")
+AGENT_RELOAD = r"reload(ed)?( refused)?: "  # the agent's words, not systemd's "Reloading"
+
+
+def task_output(run: CompletedProcess[str], task: str) -> str:
+    """What the play printed for a task of the role, on every host that ran it."""
+    sections = run.stdout.split("\nTASK [")
+    return "\n".join(s for s in sections if s.startswith(f"agent : {task}]"))
+
+
+def listed(devices: list[str]) -> list[dict[str, Any]]:
+    return [{"id": device, "address": DEVICES.index(device) + 1} for device in devices]
+
+
+@dataclass
+class Running:
+    """What must not change while a line is reloaded: the processes and the lock's holder."""
+
+    pids: dict[str, int]
+    restarts: dict[str, str]
+    holder: str
+    mark: int
+    cursors: dict[str, str]
+
+    @classmethod
+    def now(cls, site: PairSite) -> Running:
+        active, _ = site.roles()
+        return cls(
+            pids={name: site[name].main_pid(UNIT) for name in site.names},
+            restarts={name: site[name].unit(UNIT, "NRestarts") for name in site.names},
+            holder=active,
+            mark=site.watch.mark(),
+            cursors={name: site[name].cursor() for name in site.names},
+        )
+
+    def check_unchanged(self, site: PairSite) -> None:
+        assert {name: site[name].main_pid(UNIT) for name in site.names} == self.pids
+        assert {name: site[name].unit(UNIT, "NRestarts") for name in site.names} == self.restarts
+        # The holder renewed its lease throughout: nobody released or took the lock.
+        assert holder_changes(site.watch.since(self.mark), self.holder) == []
+        assert site.holder() == self.holder
+
+    def messages(self, site: PairSite, name: str, pattern: str) -> list[str]:
+        entries = site[name].entries(after=self.cursors[name], unit=UNIT)
+        return [e["MESSAGE"] for e in entries if re.search(pattern, e["MESSAGE"])]
+
+
+def reload_by_play(site: PairSite, devices: list[str], words: str) -> str:
+    """The playbook run with the line's devices changed: each gateway's agent reloads (no
+    restart), says what changed, and runs the configuration its files say."""
+    before = Running.now(site)
+    started = time.monotonic()
+    run = site.deploy(site.packages.old, devices=listed(devices))
+    took = time.monotonic() - started
+    assert all(counts["failed"] == 0 for counts in recap(run).values()), run.stdout[-3000:]
+    reloads = task_output(run, "Reload the agents whose devices alone changed")
+    restarts = task_output(run, "Restart the agents whose settings changed")
+    hashes = set()
+    for name in site.names:
+        assert f"changed: [{name}] => (item={LINE})" in reloads, reloads
+        assert f"skipping: [{name}] => (item={LINE})" in restarts, restarts
+        (said,) = before.messages(site, name, AGENT_RELOAD)
+        found = RELOADED.search(said)
+        assert found and found.group(1) == words, said
+        hashes.add(found.group(2))
+        installed = json.loads(site[name].path(DEVICES_FILE).read_text())
+        assert [device["id"] for device in installed] == devices
+        mode = site[name].run("stat", "-c", "%U:%G %a", DEVICES_FILE).stdout.strip()
+        assert mode == "root:agent 640"
+    before.check_unchanged(site)
+    (new_hash,) = hashes
+    report = site.wait_status(0)
+    assert {i["config_hash"] for i in report["instances"]} == {new_hash}
+    assert [d["device"] for d in report["devices"]] == devices
+    print(f"\nplay that reloaded the line ({words}): {took:.0f} s")
+    return new_hash
+
+
+# docs/operations.md, "Reloading a line", as root on a gateway (where `agent` is the package's).
+OPERATOR_RELOAD = "\n".join(
+    [
+        f"/opt/agent/venv/bin/agent --env-file {ENV_FILE} --line-id {LINE} --print-config"
+        " | grep config_hash",
+        f"systemctl reload agent@{LINE}",
+        f"journalctl -u agent@{LINE} -n 5 -o cat",
+    ]
+)
+
+
+@pytest.mark.timeout(900)
+def test_a_play_that_only_changes_the_devices_reloads_the_line(site: PairSite) -> None:
+    _, before = site.status()
+    (old_hash,) = {i["config_hash"] for i in before["instances"]}
+    last = DEVICES[-1]
+    # --check --diff says what would change and that the agents would be reloaded, no more.
+    running = Running.now(site)
+    files = {name: site[name].path(DEVICES_FILE).read_text() for name in site.names}
+    check = site.deploy(site.packages.old, devices=listed(DEVICES[:-1]), check_mode=True)
+    assert f'-  {{"id": "{last}", "address": 8}}' in check.stdout
+    said = task_output(check, "Say which agents a run would reload (check mode)")
+    assert all(f"changed: [{name}] => (item={LINE})" in said for name in site.names), said
+    assert {name: site[name].path(DEVICES_FILE).read_text() for name in site.names} == files
+    assert not any(running.messages(site, name, AGENT_RELOAD) for name in site.names)
+    running.check_unchanged(site)
+
+    assert reload_by_play(site, DEVICES[:-1], f"removed {last}") != old_hash
+    # Back on the line: served both ways at once, by the same processes.
+    assert reload_by_play(site, DEVICES, f"added {last}") == old_hash
+    remote = site.command("setpoint", "set", last, "23.5", "--wait", "10")
+    assert remote.returncode == 0, remote.stdout + remote.stderr
+    assert site.panel("@8 GET SP") == "@8 SP 23.5"
+    assert site.panel("@8 PANEL SP 18.5") == "@8 OK SP 18.5"
+    deadline = time.monotonic() + 10
+    while site.command("setpoint", "get", last).stdout.strip() != "18.5":
+        assert time.monotonic() < deadline, "the panel change did not reach the store"
+        time.sleep(0.5)
+
+    # By hand, as the operations guide says: a device's settings changed in the file, the
+    # file checked, the agent reloaded; then the file as the playbook wrote it, again.
+    running = Running.now(site)
+    for name in site.names:
+        gateway = site[name]
+        path = gateway.path(DEVICES_FILE)
+        written = path.read_text()
+        changed = json.loads(written)
+        changed[-1]["min_write_interval_s"] = 2
+        path.write_text(json.dumps(changed))  # the same file: its owner and mode stay
+        cursor = gateway.cursor()
+        shown = re.search(r'"config_hash": "(\w+)"', gateway.sh(OPERATOR_RELOAD))
+        assert shown and shown.group(1) != old_hash
+        said = gateway.wait_journal(RELOADED.pattern, unit=UNIT, after=cursor)["MESSAGE"]
+        assert f"reloaded: changed {last} (configuration {shown.group(1)}, was" in said
+        path.write_text(written)
+        cursor = gateway.cursor()
+        gateway.run("systemctl", "reload", UNIT)
+        said = gateway.wait_journal(RELOADED.pattern, unit=UNIT, after=cursor)["MESSAGE"]
+        assert f"reloaded: changed {last} (configuration {old_hash}, was" in said
+    running.check_unchanged(site)
+
+
+@pytest.mark.timeout(900)
+def test_a_play_with_an_invalid_devices_file_fails_and_the_line_runs_on(site: PairSite) -> None:
+    bad = [*listed(DEVICES), {"id": f"{LINE}-t09", "address": 1}]
+    words = f"address 1 is given to both {DEVICES[0]} and {LINE}-t09"
+    files = {name: site[name].path(DEVICES_FILE).read_text() for name in site.names}
+    before = Running.now(site)
+
+    # Checked before it is installed: the play stops on side a, nothing changed anywhere.
+    run = site.deploy(site.packages.old, devices=bad, check=False)
+    assert run.returncode != 0 and recap(run)["gw1"]["failed"] == 1
+    assert "invalid setting AGENT_DEVICES_FILE" in run.stdout and words in run.stdout
+    assert "Reload the agents" not in run.stdout
+
+    # Without the check, the agent itself refuses it: the play fails with its words, its file
+    # is put back, and it runs on as it was.
+    run = site.deploy(
+        site.packages.old, devices=bad, check=False, extra_vars={"agent_validate_env": False}
+    )
+    assert run.returncode != 0 and recap(run)["gw1"]["failed"] == 1
+    refusal = f"reload refused: invalid setting AGENT_DEVICES_FILE ({DEVICES_FILE}): {words}"
+    assert f"floor3: {refusal}; running configuration" in run.stdout, run.stdout[-3000:]
+    assert "TASK [agent : Put back the devices files whose change the agent refused]" in run.stdout
+    (said,) = before.messages(site, "gw1", AGENT_RELOAD)
+    assert refusal in said
+    assert not before.messages(site, "gw2", AGENT_RELOAD)  # side b was not touched
+    assert {name: site[name].path(DEVICES_FILE).read_text() for name in site.names} == files
+    before.check_unchanged(site)
+    report = site.wait_status(0)
+    assert [d["device"] for d in report["devices"]] == DEVICES
 
 
 def test_crashes_and_manual_starts_stay_below_the_start_limit(site: PairSite) -> None:
