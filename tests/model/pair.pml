@@ -13,8 +13,10 @@
  * Two checks, one model:
  *   default   (1) at most one instance writes the controller at any moment
  *   -DSTORE   (2) no store write is accepted with a token older than one issued to
- *             another holder, and (2') none with a token older than that of a write
- *             accepted from another holder before (store restarts included)
+ *             another holder, and (2') none, on any key, with a token older than that of
+ *             another holder that took over: whose token the store held on every key its
+ *             takeover fences (store restarts included). The store build has two keys,
+ *             two points of one device, each fenced by the token of its own last write
  * Each leaves out the other kind of write (the default check keeps the sync record's
  * presence, which the lock delay reads), and the store check leaves out the answers to
  * writes: that only removes losses (a fenced write rejected by another's token is one),
@@ -39,6 +41,9 @@
  *                  interval, a slow write()) any number of ticks before its first byte,
  *                  without asking again: the driver's contract (agent/controller/driver.py)
  *                  is that nothing that can wait stands between the gate and the bytes
+ *   FENCE_FIRST_KEY  the takeover fences the first point's key only: with LONG_DELAY, (2')
+ *                  fails on the second (a late write of the former active accepted there
+ *                  after the new holder took over)
  * RECHECK_DELAY: a lease re-reads the lock delay until it is over, instead of computing its
  * wait once at the acquisition. STORE_KEEPS: the store never restarts without its contents.
  * NO_SHORTCUT: store_kept_its_contents left out (the lock delay is never cut by a record).
@@ -97,12 +102,22 @@
 byte Lh;                  /* lock holder: 0 none, i + 1 for instance i, GONE */
 byte Lr;                  /* ticks until L expires */
 #ifdef STORE
-byte Kt;                  /* the data key's token (a serial, see compact), 0 none */
+byte Kt[2];               /* the tokens of two keys, two points of one device
+                             (`<device>\<point>`): each that of its key's last write (a
+                             serial, see compact), 0 none: absent, as every write is fenced */
 byte iss[2];              /* latest serial issued to instance i */
 #ifdef LONG_DELAY
-byte acc[2];              /* highest serial of a write accepted from instance i */
+byte tko[2];              /* highest serial of a lease of i that took over: its token was
+                             that of every key its takeover fences, at once */
 #endif
-#define REC (Kt != 0)     /* a sync record is in the store (the data key stands for it) */
+/* A sync record is in the store: either key stands for it (a write is any of the device's
+ * writes, a point's value or the sync record written with it). */
+#define REC (Kt[0] != 0 || Kt[1] != 0)
+#ifdef FENCE_FIRST_KEY
+#define FENCED        1   /* the keys a takeover fences (a mask): the first point's only */
+#else
+#define FENCED        3   /* every point's key (PointSync.take_over, each point) */
+#endif
 #else
 bit  rec;                 /* a sync record is in the store */
 #define REC (rec == 1)
@@ -131,6 +146,7 @@ byte fr[2];               /* ticks until the lock delay is over (LockDelay.wait_
 byte tok[2];              /* the current token */
 byte wq[2];               /* a write on its way to the store: 0 none, 1 + ticks since sent */
 byte wk[2];               /* its token */
+bit  wp[2];               /* its key */
 #define QUIET(i) (wq[i] == 0)  /* no store write on its way */
 #else
 byte md[2];               /* ticks a controller write of i may still hold the line */
@@ -174,7 +190,7 @@ byte x, y;                /* scratch, 0 between steps */
  * the same futures: the search keeps one of the two (the instance with the smaller
  * local state first). NO_SYMMETRY keeps both, for counterexamples that read well. */
 #ifdef STORE
-#define SKEY(i) ((tok[i] * 16 + wq[i]) * 8 + wk[i])
+#define SKEY(i) (((tok[i] * 16 + wq[i]) * 8 + wk[i]) * 2 + wp[i])
 #else
 #define SKEY(i) md[i]
 #endif
@@ -193,17 +209,36 @@ byte x, y;                /* scratch, 0 between steps */
 #define KEY2(i) ((((((((SKEY(i)) * 64 + gw[i]) * 2 + lk[i]) * 2 + stp[i]) * 2 + dbt[i]) \
                  * 2 + DKEY(i)) * 2 + WKEY(i)) * 4 + ga[i]) * 2 + TKEY(i)
 #define SWAP(v) y = v[0]; v[0] = v[1]; v[1] = y;
+#define SWAP_AT(v, a, b) y = v[a]; v[a] = v[b]; v[b] = y;
+
+/* The two keys are alike too (but for FENCE_FIRST_KEY): the one with the smaller store
+ * state first. Judged alike for either order of the instances, so that the swap of the
+ * instances below keeps it. */
+#ifdef STORE
+#define ON_WAY(i, k) (wq[i] != 0 && wp[i] == k)
+#define KKEY(k) (Kt[k] * 3 + ON_WAY(0, k) + ON_WAY(1, k))
+#endif
 
 inline canon() {
+#if defined(STORE) && !defined(NO_SYMMETRY) && !defined(FENCE_FIRST_KEY)
+    if
+    :: KKEY(1) < KKEY(0) ->
+        SWAP(Kt)
+        if :: wq[0] != 0 -> wp[0] = 1 - wp[0] :: else -> skip fi;
+        if :: wq[1] != 0 -> wp[1] = 1 - wp[1] :: else -> skip fi;
+        y = 0
+    :: else -> skip
+    fi;
+#endif
 #ifndef NO_SYMMETRY
     if
     :: KEY1(1) < KEY1(0) || (KEY1(1) == KEY1(0) && KEY2(1) < KEY2(0)) ->
         SWAP(conn) SWAP(held) SWAP(gate) SWAP(gw) SWAP(na) SWAP(ga) SWAP(dn) SWAP(lk) SWAP(stp)
         SWAP(dbt) SWAP(dl) SWAP(fr)
 #ifdef STORE
-        SWAP(tok) SWAP(wq) SWAP(wk) SWAP(iss)
+        SWAP(tok) SWAP(wq) SWAP(wk) SWAP(wp) SWAP(iss)
 #ifdef LONG_DELAY
-        SWAP(acc)
+        SWAP(tko)
 #endif
 #else
         SWAP(md)
@@ -244,20 +279,42 @@ inline dec(v) {
  * A token is only ever compared. All tokens of one lease (its acquire and renewals)
  * order alike against every token of another lease, so a token is kept as the serial
  * of its lease: leases in the order the store created them. The serials in use are
- * renumbered 1..n after each step, order kept, so runs with any number of leases fit. */
+ * renumbered 1..n after each step, order kept, so runs with any number of leases fit.
+ * Tokens still to be sent come from tok, from iss while it may still become a token (a
+ * NEX applied awaits its answer, or L is i's: a renewal keeps its serial), or are new.
+ * Every other serial (a key's token, iss otherwise, those the properties remember) is
+ * only ever compared with tokens sent later: those older than every one that may still
+ * be sent order alike against all of them, and are kept as one, 1 (0 where only a
+ * property reads it: it then asks nothing). */
 #ifdef STORE
+#define ISS_LIVE(i) (na[i] == 1 || Lh == i + 1)
 #ifdef LONG_DELAY
-#define SERIALS(F) F(iss[0]) F(iss[1]) F(acc[0]) F(acc[1]) F(Kt) F(tok[0]) F(tok[1]) \
-                   F(wk[0]) F(wk[1])
+#define SERIALS(F) F(iss[0]) F(iss[1]) F(tok[0]) F(tok[1]) F(wk[0]) F(wk[1]) F(Kt[0]) F(Kt[1]) \
+                   F(tko[0]) F(tko[1])
 #else
-#define SERIALS(F) F(iss[0]) F(iss[1]) F(Kt) F(tok[0]) F(tok[1]) F(wk[0]) F(wk[1])
+#define SERIALS(F) F(iss[0]) F(iss[1]) F(tok[0]) F(tok[1]) F(wk[0]) F(wk[1]) F(Kt[0]) F(Kt[1])
 #endif
 #define IS_X(v) || v == x
 #define ABOVE_X(v) || v > x
 #define DEC_ABOVE_X(v) if :: v > x -> v-- :: else -> skip fi;
 #define MAX_INTO_X(v) if :: v > x -> x = v :: else -> skip fi;
+#define MIN_INTO_X(v) if :: v != 0 && v < x -> x = v :: else -> skip fi;
+#define OLD_TO(v, n) if :: v != 0 && v < x -> v = n :: else -> skip fi;
 
 inline compact() {
+    x = MAXSER;                  /* the oldest serial that may still be sent */
+    MIN_INTO_X(tok[0]) MIN_INTO_X(tok[1]) MIN_INTO_X(wk[0]) MIN_INTO_X(wk[1])
+    if :: ISS_LIVE(0) -> MIN_INTO_X(iss[0]) :: else -> skip fi;
+    if :: ISS_LIVE(1) -> MIN_INTO_X(iss[1]) :: else -> skip fi;
+    OLD_TO(Kt[0], 1) OLD_TO(Kt[1], 1)
+#ifdef LONG_DELAY
+    OLD_TO(tko[0], 0) OLD_TO(tko[1], 0)
+    if :: !ISS_LIVE(0) -> iss[0] = 0 :: else -> skip fi;  /* read by nothing then */
+    if :: !ISS_LIVE(1) -> iss[1] = 0 :: else -> skip fi;
+#else
+    if :: !ISS_LIVE(0) -> OLD_TO(iss[0], 1) :: else -> skip fi;  /* (2) reads it */
+    if :: !ISS_LIVE(1) -> OLD_TO(iss[1], 1) :: else -> skip fi;
+#endif
     x = 1;
     do
     :: !(false SERIALS(IS_X)) && (false SERIALS(ABOVE_X)) -> SERIALS(DEC_ABOVE_X) skip
@@ -543,7 +600,7 @@ inline nex_answer(i) {
             seen_other(i)
         fi;
         na[i] = 0;
-        observe(); canon()
+        observe(); COMPACT; canon()
     }
 }
 
@@ -554,15 +611,31 @@ inline deleted(i) {       /* L's DELETE, seen live (LockDelay.seen_released) */
     }
 }
 
-/* A fenced store write: a set point, a sync record (DeviceSync asks may_drive(), and
- * fenced_set a token: held, not in doubt). */
+/* A fenced store write to either key: a point's value, the sync record (they ask
+ * may_drive(), through Agent.may_write, and fenced_set a token: held, not in doubt), or
+ * the takeover's fence of a key (PointSync.fence: read it and write it back with this
+ * lease's token, NEX, before the points' workers start). The store fences a key by the
+ * token of its last write, not by the lock: a late write of the former active is refused
+ * on a key only once the new holder wrote it; (2') says when that is every key. Writes
+ * may go in any order, which covers the fences first; the fence's read and write are one
+ * step, and its NEX is left out (a value written in between is read and written back
+ * once more): the token decides. One write on its way at a time: answers are left out,
+ * so a write changes nothing for its sender; of several on their way, the first to arrive
+ * does what an arrival can (a key present), the others only raise their keys' tokens. */
 #ifdef STORE
-inline write(i) {
+inline write_key(i, k) {
     d_step {
         MAY_DRIVE(i) && conn[i] && wq[i] == 0 ->
-        wq[i] = 1; wk[i] = tok[i];
-        printf("%d: sends a fenced write (token %d)\n", i, tok[i]); canon()
+        wq[i] = 1; wk[i] = tok[i]; wp[i] = k;
+        printf("%d: sends a fenced write to key %d (token %d)\n", i, k, tok[i]); canon()
     }
+}
+
+inline write(i) {
+    if
+    :: write_key(i, 0)
+    :: write_key(i, 1)
+    fi
 }
 #else
 /* The default check keeps only whether a sync record is in the store. Applied at once:
@@ -674,24 +747,33 @@ inline apply_write(i) {
         :: true ->
 #else
         if
-        :: Kt == 0 || wk[i] >= Kt ->
+        :: Kt[wp[i]] == 0 || wk[i] >= Kt[wp[i]] ->
 #endif
-            printf("store: accepts %d's write (token %d)\n", i, wk[i]);
+            printf("store: accepts %d's write to key %d (token %d)\n", i, wp[i], wk[i]);
 #ifdef LONG_DELAY
-            /* (2') no accepted write carries a token older than one of a write accepted
-             * from another holder before */
-            assert(wk[i] >= acc[1 - i]);
-            push(acc[i], wk[i]);
+            /* (2') no accepted write, on any key, carries a token older than that of
+             * another holder that took over (with one key: than that of a write accepted
+             * from another holder before) */
+            assert(wk[i] >= tko[1 - i]);
 #else
             /* (2) no accepted write carries a token older than one issued to another */
             assert(wk[i] >= iss[1 - i]);
 #endif
-            push(Kt, wk[i])
+            push(Kt[wp[i]], wk[i]);
+#ifdef LONG_DELAY
+            if   /* i's lease took over: its token is that of every key its takeover
+                  * fences (FENCED), where from now on an older write is refused */
+            :: ((FENCED & 1) == 0 || Kt[0] == wk[i]) && ((FENCED & 2) == 0 || Kt[1] == wk[i]) ->
+                push(tko[i], wk[i])
+            :: else -> skip
+            fi;
+#endif
+            skip
 #ifndef NO_FENCING
-        :: else -> printf("store: rejects %d's write (token %d)\n", i, wk[i])
+        :: else -> printf("store: rejects %d's write to key %d (token %d)\n", i, wp[i], wk[i])
 #endif
         fi;
-        wq[i] = 0; wk[i] = 0;
+        wq[i] = 0; wk[i] = 0; wp[i] = 0;
         compact(); canon()
     }
 }
@@ -707,7 +789,7 @@ inline lose_message(i) {
     :: d_step { ga[i] != 0 -> ga[i] = 0; canon() }
     :: d_step { dn[i] -> dn[i] = 0; canon() }
 #ifdef STORE
-    :: d_step { wq[i] != 0 -> wq[i] = 0; wk[i] = 0; compact(); canon() }
+    :: d_step { wq[i] != 0 -> wq[i] = 0; wk[i] = 0; wp[i] = 0; compact(); canon() }
 #endif
     :: d_step { conn[i] -> drop(i); printf("%d: link drops\n", i); canon() }
 #ifndef NO_EXITS
@@ -724,7 +806,7 @@ inline store_restart() {
         Lh = 0; Lr = 0;
         drop(0); drop(1);
 #ifdef STORE
-        Kt = 0; wq[0] = 0; wk[0] = 0; wq[1] = 0; wk[1] = 0;
+        Kt[0] = 0; Kt[1] = 0; wq[0] = 0; wk[0] = 0; wp[0] = 0; wq[1] = 0; wk[1] = 0; wp[1] = 0;
         compact();
 #else
         rec = 0;
@@ -781,7 +863,7 @@ inline tick() {
         fi;
         tick_instance(0);
         tick_instance(1);
-        observe(); canon()
+        observe(); COMPACT; canon()
     }
 }
 
