@@ -205,16 +205,37 @@ class Leadership:
                     await asyncio.sleep(wait)
                 finally:
                     self.taking_over_until = None
+            while self._only_in_doubt(epoch):
+                # A reconnect while the previous lease ran out left ours in doubt: confirmed
+                # by the store first, or every fence and write of the takeover would be
+                # refused, and this instance never said it became active though it went on
+                # to drive the line. A renewal that finds the lease lost ends it.
+                await self.renew()
+                if self._only_in_doubt(epoch):
+                    await asyncio.sleep(min(0.05, self.ttl_ms / 20_000))
             if self.role is not Role.STANDBY or not self.lock.held or self.lock.epoch != epoch:
                 return  # lost meanwhile: the loss handler stepped down already
             self.role = Role.ACTIVE
             self._active_epoch = epoch
             # Takeover state first: reconciled before anything else runs as active.
             await self._take_over_line()
+            while self.role is Role.ACTIVE and self._only_in_doubt(epoch):
+                await self.renew()  # a reconnect during the takeover: the same, after it
+                if self.role is Role.ACTIVE and self._only_in_doubt(epoch):
+                    await asyncio.sleep(min(0.05, self.ttl_ms / 20_000))
             if not self.may_drive():
-                return  # the lease was lost during the takeover; the step-down closes up
+                log.warning(
+                    "not active after the takeover: %s",
+                    "the lease was lost meanwhile" if self.lock.epoch != epoch else "stepped down",
+                )
+                return  # the step-down closes up
             log.info("became active (fencing token %s)", token)
             self.active_event.set()
+
+    def _only_in_doubt(self, epoch: int) -> bool:
+        """The lease of `epoch` held, and only waiting for the store to confirm it (after a
+        reconnect)."""
+        return self.lock.held and self.lock.epoch == epoch and not self.lock.confirmed
 
     def _link_can_hold(self) -> bool:
         """False (and said once, and in health) while the link's round trip is too long
