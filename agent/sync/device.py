@@ -214,6 +214,8 @@ class DeviceSync:
         except (LockNotHeld, FencingTokenLowerVersion):
             for point in self.points.values():
                 point.controller = controller
+                point.reconcile_soon()  # should the lease still be ours
+                point.reconciled.set()
             return False  # lost already: the lock says so
         except (StateStoreError, SessionError) as exc:
             self.log.warning("could not read %s: %s", self.keys.record, exc)

@@ -200,7 +200,13 @@ class PointSync:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self.controller is not None:
+            # Between a takeover's start and its fence, nothing is decided: a remote change
+            # or reading handled then was judged on the base this instance had as standby,
+            # not on the takeover's (what the former active last had on the controller), and
+            # a value the former active had published was taken for a panel change.
+            while self.controller is not None and (
+                self._takeover is not None or self.reconciled.is_set()
+            ):
                 try:
                     if self._takeover is not None:
                         record, self._takeover = self._takeover, None
@@ -258,7 +264,11 @@ class PointSync:
         try:
             _, store_version = await self.fence(self.key, "write")
         except (LockNotHeld, FencingTokenLowerVersion):
-            return False  # lost already: the lock says so
+            # Lost already: the lock says so (the step-down hands the controller back). Left
+            # to a reconcile, should the lease still be ours.
+            self.reconcile_soon()
+            self.reconciled.set()
+            return False
         except (StateStoreError, SessionError) as exc:
             self._store_failed(exc, self.key, "read")
             self.reconcile_soon()
