@@ -55,6 +55,8 @@ class DeviceHandle(Controller):
         self._available = True
         self._availability_event = asyncio.Event()
         self._availability_event.set()
+        self._read: asyncio.Future[ControllerState] | None = None
+        self._limits_read: asyncio.Future[Limits] | None = None
 
     @property
     def available(self) -> bool:
@@ -138,12 +140,20 @@ class DeviceHandle(Controller):
         return self.available
 
     async def read_state(self) -> ControllerState:
-        result: ControllerState = await self.bus.run(Op(self.name, Kind.READ))
-        return result
+        """The unit's whole state, in one exchange. The points of a unit that ask at once
+        (a re-check, a takeover, a unit back) share the read in progress: a whole
+        thermostat costs one transaction, not one per point. (A write that needs a reading
+        newer than its decision reads again right before it: see Bus._transact.)"""
+        if self._read is None or self._read.done():
+            self._read = asyncio.ensure_future(self.bus.run(Op(self.name, Kind.READ)))
+            self._read.add_done_callback(_retrieved)
+        return await asyncio.shield(self._read)
 
     async def read_limits(self) -> Limits:
-        result: Limits = await self.bus.run(Op(self.name, Kind.LIMITS))
-        return result
+        if self._limits_read is None or self._limits_read.done():
+            self._limits_read = asyncio.ensure_future(self.bus.run(Op(self.name, Kind.LIMITS)))
+            self._limits_read.add_done_callback(_retrieved)
+        return await asyncio.shield(self._limits_read)
 
     async def write_setpoint(
         self,
@@ -215,3 +225,9 @@ class DeviceHandle(Controller):
         if not points.same(stored, target):
             log.warning("%s: wrote %s %s, the unit holds %s", self.name, point, target, stored)
         return stored
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A shared read whose every caller gave up: its failure is nobody's to report."""
+    if not future.cancelled():
+        future.exception()
