@@ -28,16 +28,15 @@ from typing import Any
 from agent.client.cli import (
     EXIT_NOT_APPLIED,
     EXIT_OK,
-    UsageError,
     connection_options,
     run_one_shot,
 )
 from agent.client.statestore import StateStoreClient
 from agent.ops import view
 from agent.ops.keys import KeyTemplates
-from agent.ops.names import EXIT_UNKNOWN, BadName, Reported, check_name, suggestions, unknown
+from agent.ops.names import EXIT_UNKNOWN, Reported, suggestions, unknown
 from agent.ops.retained import Retained
-from agent.ops.target import reported
+from agent.ops.target import reported, usable_name
 from agent.ops.watch import LineWatch
 from agent.protocol.hlc import Hlc
 
@@ -63,12 +62,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     def check() -> None:
-        try:
-            check_name(args.line, "line")
-            if args.instance is not None:
-                check_name(args.instance, "instance")
-        except BadName as exc:
-            raise UsageError(str(exc)) from None
+        usable_name(args.line, "line")
+        if args.instance is not None:
+            usable_name(args.instance, "instance")
 
     templates = KeyTemplates()
     return run_one_shot(args, NAME, lambda client: forget(client, args, templates), check)

@@ -31,9 +31,9 @@ from agent.client.statestore import StateStoreClient
 from agent.ops.history import Entry, InvalidHistory
 from agent.ops.history_store import read
 from agent.ops.keys import KeyTemplates
-from agent.ops.names import EXIT_UNKNOWN, BadName, UnknownName, check_name
+from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
-from agent.ops.target import find, reported
+from agent.ops.target import find, reported, usable_name
 
 NAME = "agent history"
 
@@ -58,10 +58,7 @@ def run(args: argparse.Namespace) -> int:
         if args.last is not None and args.last <= 0:
             raise UsageError("--last must be positive")
         if args.target is not None:
-            try:
-                check_name(args.target)
-            except BadName as exc:
-                raise UsageError(str(exc)) from None
+            usable_name(args.target)
 
     templates = KeyTemplates()
     return run_one_shot(args, NAME, lambda client: history(client, args, templates), check)

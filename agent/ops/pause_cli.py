@@ -38,9 +38,9 @@ from agent.client.statestore import Condition, StateStoreClient
 from agent.ops import view
 from agent.ops.control import PauseNote, now_iso
 from agent.ops.keys import KeyTemplates
-from agent.ops.names import EXIT_UNKNOWN, BadName, UnknownName, check_name
+from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
-from agent.ops.target import find
+from agent.ops.target import find, usable_name
 from agent.ops.watch import LineWatch
 
 
@@ -80,10 +80,7 @@ def run(args: argparse.Namespace) -> int:
     def check() -> None:
         if args.wait < 0:
             raise UsageError("--wait must not be negative")
-        try:
-            check_name(args.target)
-        except BadName as exc:
-            raise UsageError(str(exc)) from None
+        usable_name(args.target)
 
     templates = KeyTemplates()
     return run_one_shot(args, name, lambda client: pause(client, args, templates, name), check)

@@ -35,8 +35,9 @@ from agent.controller import points
 from agent.controller.points import WRITABLE, InvalidValue
 from agent.ops import target
 from agent.ops.keys import DeviceKeys, KeyTemplates, NoActive, NoLine, fenced_set, find
-from agent.ops.names import EXIT_UNKNOWN, BadName, UnknownName, check_name
+from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
+from agent.ops.target import usable_name
 from agent.protocol.hlc import Hlc
 from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
 
@@ -89,10 +90,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     def check() -> None:
-        try:
-            check_name(args.device, "device")
-        except BadName as exc:
-            raise UsageError(str(exc)) from None
+        usable_name(args.device, "device")
         if args.setpoint_command == "set":
             try:
                 points.parse(points.point(args.point), args.value.encode())

@@ -3,11 +3,21 @@
 
 from __future__ import annotations
 
+from agent.client.cli import UsageError
 from agent.client.statestore import StateStoreClient
 from agent.ops.keys import KeyTemplates
-from agent.ops.names import Reported, Target, UnknownName, resolve
+from agent.ops.names import BadName, Reported, Target, UnknownName, check_name, resolve
 from agent.ops.retained import Retained
 from agent.ops.watch import document, health_filter
+
+
+def usable_name(name: str, what: str = "line or device") -> str:
+    """`check_name` for an operator command: a name the agent could not have is a usage
+    error (exit 2), saying the rule."""
+    try:
+        return check_name(name, what)
+    except BadName as exc:
+        raise UsageError(str(exc)) from None
 
 
 async def reported(retained: Retained, templates: KeyTemplates) -> Reported:

@@ -25,9 +25,9 @@ from agent.client.cli import EXIT_OK, UsageError, connection_options, run_one_sh
 from agent.client.statestore import StateStoreClient
 from agent.message import Message
 from agent.ops.keys import KeyTemplates
-from agent.ops.names import EXIT_UNKNOWN, BadName, UnknownName, check_name
+from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
-from agent.ops.target import find, reported
+from agent.ops.target import find, reported, usable_name
 
 NAME = "agent watch"
 KINDS = ("health", "status", "availability", "telemetry")
@@ -71,10 +71,7 @@ def run(args: argparse.Namespace) -> int:
         if args.max_bytes <= 0:
             raise UsageError("--max-bytes must be positive")
         if args.target is not None:
-            try:
-                check_name(args.target)
-            except BadName as exc:
-                raise UsageError(str(exc)) from None
+            usable_name(args.target)
 
     templates = KeyTemplates()
     return run_one_shot(args, NAME, lambda client: watch(client, args, templates), check)
