@@ -91,16 +91,18 @@ class StoreService:
             self._send(self._notification(notification))
         self._schedule_expiry()
 
-    def _send_expired(self) -> None:
+    def _send_expired(self) -> bool:
+        """Expires what is due and notifies it; False (said in the log) if the store could
+        not: a request is still executed (it expires keys again, and a failure there is
+        answered), and the timer tries again."""
         try:
             notifications = self.store.expire()
         except Exception:
-            # The request is still executed (its store call expires keys again, and a failure
-            # there is answered) and the timer tries again.
-            log.exception("expiring keys before a request failed")
-            return
+            log.exception("expiring keys failed; retrying in %s s", _EXPIRY_RETRY_S)
+            return False
         for notification in notifications:
             self._send(self._notification(notification))
+        return True
 
     def _send(self, message: Message) -> None:
         try:
@@ -134,16 +136,11 @@ class StoreService:
     def _expire(self) -> None:
         self._expiry_timer = None
         self._expiry_deadline = None
-        try:
-            notifications = self.store.expire()
-        except Exception:
-            log.exception("expiring keys failed; retrying in %s s", _EXPIRY_RETRY_S)
+        if not self._send_expired():
             self._expiry_timer = asyncio.get_running_loop().call_later(
                 _EXPIRY_RETRY_S, self._expire
             )
             return
-        for notification in notifications:
-            self._send(self._notification(notification))
         self._schedule_expiry()
 
     # ------------------------------------------------------------------ messages

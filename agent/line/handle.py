@@ -55,8 +55,8 @@ class DeviceHandle(Controller):
         self._available = True
         self._availability_event = asyncio.Event()
         self._availability_event.set()
-        self._read: asyncio.Future[ControllerState] | None = None
-        self._limits_read: asyncio.Future[Limits] | None = None
+        self._reads: dict[Kind, asyncio.Future[Any]] = {}
+        """The read of each kind in progress, which callers asking meanwhile share."""
 
     @property
     def available(self) -> bool:
@@ -144,16 +144,19 @@ class DeviceHandle(Controller):
         (a re-check, a takeover, a unit back) share the read in progress: a whole
         thermostat costs one transaction, not one per point. (A write that needs a reading
         newer than its decision reads again right before it: see Bus._transact.)"""
-        if self._read is None or self._read.done():
-            self._read = asyncio.ensure_future(self.bus.run(Op(self.name, Kind.READ)))
-            self._read.add_done_callback(_retrieved)
-        return await asyncio.shield(self._read)
+        state: ControllerState = await self._shared(Kind.READ)
+        return state
 
     async def read_limits(self) -> Limits:
-        if self._limits_read is None or self._limits_read.done():
-            self._limits_read = asyncio.ensure_future(self.bus.run(Op(self.name, Kind.LIMITS)))
-            self._limits_read.add_done_callback(_retrieved)
-        return await asyncio.shield(self._limits_read)
+        limits: Limits = await self._shared(Kind.LIMITS)
+        return limits
+
+    async def _shared(self, kind: Kind) -> Any:
+        running = self._reads.get(kind)
+        if running is None or running.done():
+            running = self._reads[kind] = asyncio.ensure_future(self.bus.run(Op(self.name, kind)))
+            running.add_done_callback(_retrieved)
+        return await asyncio.shield(running)
 
     async def write_setpoint(
         self,
@@ -202,12 +205,8 @@ class DeviceHandle(Controller):
         its limits and rounded to its step, a choice or a switch checked (InvalidValue,
         nothing written)."""
         if point == "setPoint":
-            assert isinstance(value, int | float) and not isinstance(value, bool)
-            return await self.write_setpoint(
-                value,
-                allowed=allowed,
-                expected=None if expected is None else float(expected),
-                fresh_after=fresh_after,
+            return await super().write_point(
+                point, value, allowed=allowed, expected=expected, fresh_after=fresh_after
             )
         profile = self.unit.profile
         if profile is None or point not in profile.writable:

@@ -205,24 +205,17 @@ class Leadership:
                     await asyncio.sleep(wait)
                 finally:
                     self.taking_over_until = None
-            while self._only_in_doubt(epoch):
-                # A reconnect while the previous lease ran out left ours in doubt: confirmed
-                # by the store first, or every fence and write of the takeover would be
-                # refused, and this instance never said it became active though it went on
-                # to drive the line. A renewal that finds the lease lost ends it.
-                await self.renew()
-                if self._only_in_doubt(epoch):
-                    await asyncio.sleep(min(0.05, self.ttl_ms / 20_000))
+            # A reconnect while the previous lease ran out left ours in doubt: confirmed by
+            # the store first, or every fence and write of the takeover would be refused,
+            # and this instance never said it became active though it went on to drive.
+            await self._until_confirmed(epoch, Role.STANDBY)
             if self.role is not Role.STANDBY or not self.lock.held or self.lock.epoch != epoch:
                 return  # lost meanwhile: the loss handler stepped down already
             self.role = Role.ACTIVE
             self._active_epoch = epoch
             # Takeover state first: reconciled before anything else runs as active.
             await self._take_over_line()
-            while self.role is Role.ACTIVE and self._only_in_doubt(epoch):
-                await self.renew()  # a reconnect during the takeover: the same, after it
-                if self.role is Role.ACTIVE and self._only_in_doubt(epoch):
-                    await asyncio.sleep(min(0.05, self.ttl_ms / 20_000))
+            await self._until_confirmed(epoch, Role.ACTIVE)  # a reconnect during it
             if not self.may_drive():
                 log.warning(
                     "not active after the takeover: %s",
@@ -232,10 +225,23 @@ class Leadership:
             log.info("became active (fencing token %s)", token)
             self.active_event.set()
 
-    def _only_in_doubt(self, epoch: int) -> bool:
-        """The lease of `epoch` held, and only waiting for the store to confirm it (after a
-        reconnect)."""
-        return self.lock.held and self.lock.epoch == epoch and not self.lock.confirmed
+    async def _until_confirmed(self, epoch: int, role: Role) -> None:
+        """While still `role` and the lease of `epoch` is held but in doubt (a reconnect):
+        renews until the store confirms it, or a renewal finds it lost (the loss handler
+        then steps down)."""
+
+        def in_doubt() -> bool:
+            return (
+                self.role is role
+                and self.lock.held
+                and self.lock.epoch == epoch
+                and not self.lock.confirmed
+            )
+
+        while in_doubt():
+            await self.renew()
+            if in_doubt():
+                await asyncio.sleep(min(0.05, self.ttl_ms / 20_000))
 
     def _link_can_hold(self) -> bool:
         """False (and said once, and in health) while the link's round trip is too long

@@ -213,9 +213,7 @@ class DeviceSync:
             )
         except (LockNotHeld, FencingTokenLowerVersion):
             for point in self.points.values():
-                point.controller = controller
-                point.reconcile_soon()  # should the lease still be ours
-                point.reconciled.set()
+                point.serve_unfenced(controller)
             return False  # lost already: the lock says so
         except (StateStoreError, SessionError) as exc:
             self.log.warning("could not read %s: %s", self.keys.record, exc)

@@ -264,10 +264,7 @@ class PointSync:
         try:
             _, store_version = await self.fence(self.key, "write")
         except (LockNotHeld, FencingTokenLowerVersion):
-            # Lost already: the lock says so (the step-down hands the controller back). Left
-            # to a reconcile, should the lease still be ours.
-            self.reconcile_soon()
-            self.reconciled.set()
+            self.serve_unfenced(controller)
             return False
         except (StateStoreError, SessionError) as exc:
             self._store_failed(exc, self.key, "read")
@@ -336,6 +333,14 @@ class PointSync:
                 break
             value, version = await self.client.get(key)  # written meanwhile: once more
         return value, version
+
+    def serve_unfenced(self, controller: Controller) -> None:
+        """Holds the controller without a fence: the lock said the lease was lost before
+        it (the step-down hands the controller back). Left to a reconcile, should the lease
+        still be ours."""
+        self.controller = controller
+        self.reconcile_soon()
+        self.reconciled.set()
 
     def release(self) -> Controller | None:
         """Stepping down: hands back the controller; pending work is dropped (the next

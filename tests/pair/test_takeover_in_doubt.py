@@ -49,10 +49,10 @@ async def test_a_takeover_in_doubt_is_confirmed_before_it_drives(
         # A holder seen 2.7 s ago: the takeover waits out the last 0.3 s of its lease.
         leadership.lock_delay = LockDelay(3.0)
         leadership.lock_delay.seen_held(time.monotonic() - 2.7)
+        waiting = asyncio.Event()
+        leadership.on_waiting(waiting.set)  # said when it starts waiting out the lease
         contending = asyncio.ensure_future(leadership.contend())
-        while leadership.taking_over_until is None:
-            assert not contending.done()
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(waiting.wait(), 5)
         leadership.lost_sight()  # back from a link outage while it waits
         assert not leadership.lock.confirmed
         await asyncio.wait_for(leadership.active_event.wait(), 5)
