@@ -207,7 +207,7 @@ class DeviceSync:
         if await self.check_served_elsewhere():
             return False
         try:
-            (record_raw, _), (line, _) = await asyncio.gather(
+            (record_raw, record_version), (line, _) = await asyncio.gather(
                 self.setpoint.fence(self.keys.record, "write the sync record to"),
                 self.setpoint.fence(self.keys.line, "write the line's name to"),
             )
@@ -217,7 +217,7 @@ class DeviceSync:
             return False  # lost already: the lock says so
         except (StateStoreError, SessionError) as exc:
             self.log.warning("could not read %s: %s", self.keys.record, exc)
-            record_raw, line = None, None
+            record_raw, record_version, line = None, None, None
         if line != self.keys.line_id.encode():
             await self._name_the_line()
         record = self._parse_record(record_raw)
@@ -225,7 +225,9 @@ class DeviceSync:
             self.record.refused = record.refused
         needs = await asyncio.gather(
             *(
-                point.take_over(controller, None if record is None else record.point(name))
+                point.take_over(
+                    controller, None if record is None else record.point(name), record_version
+                )
                 for name, point in self.points.items()
             )
         )

@@ -7,8 +7,9 @@ once never write each other's entry back to an older value."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
@@ -53,30 +54,58 @@ class DeviceRecord:
         if not self.may_write():
             return Written.NOT_DRIVING
         async with self._writing:
-            setpoint = self.entries.get("setPoint")
-            if setpoint is None or setpoint.synced.value is None or setpoint.synced.version is None:
-                # Nothing synced yet (a first run): a record of pending writes alone cannot
-                # be written, so a write in doubt is known to this instance only.
-                return Written.OK
-            others = {name: e for name, e in self.entries.items() if name != "setPoint"}
-            raw = encode_record(
-                setpoint.synced,
-                setpoint.pending,
-                points=others,
-                limits=self.limits,
-                refused=self.refused,
-                published=setpoint.published,
-            )
+            return await self._send()
+
+    @contextlib.asynccontextmanager
+    async def publishing(
+        self, point: str, synced: Synced, pending: tuple[Synced, ...], value: PointValue
+    ) -> AsyncIterator[Callable[[], asyncio.Future[Written]]]:
+        """Around a point's publish of `value`: gives what sends the record marked with it,
+        to be called right after the value is sent (both on one connection, the record
+        behind it). No other record is written until the publish is answered: the mark is
+        in that one record only, whose version then tells a takeover that a value the store
+        had before it came before the publish (`decisions.published_marker`)."""
+        async with self._writing:
+            self.entries[point] = PointRecord(synced, pending, value)
+            sent: list[asyncio.Future[Written]] = []
+
+            def send() -> asyncio.Future[Written]:
+                sent.append(asyncio.ensure_future(self._send()))
+                return sent[-1]
+
             try:
-                await self.lock.fenced_set(self.key, raw)
-            except FencingTokenLowerVersion:
-                return Written.FENCED
-            except LockNotHeld:
-                return Written.NOT_DRIVING
-            except NotAuthorized as exc:
-                self.error = exc
-                return Written.NOT_AUTHORIZED
-            except (StateStoreError, SessionError) as exc:
-                self.error = exc
-                return Written.FAILED
+                yield send
+            finally:
+                await asyncio.gather(*sent, return_exceptions=True)
+                self.entries[point] = PointRecord(synced, pending)
+
+    async def _send(self) -> Written:
+        if not self.may_write():
+            return Written.NOT_DRIVING
+        setpoint = self.entries.get("setPoint")
+        if setpoint is None or setpoint.synced.value is None or setpoint.synced.version is None:
+            # Nothing synced yet (a first run): a record of pending writes alone cannot
+            # be written, so a write in doubt is known to this instance only.
             return Written.OK
+        others = {name: e for name, e in self.entries.items() if name != "setPoint"}
+        raw = encode_record(
+            setpoint.synced,
+            setpoint.pending,
+            points=others,
+            limits=self.limits,
+            refused=self.refused,
+            published=setpoint.published,
+        )
+        try:
+            await self.lock.fenced_set(self.key, raw)
+        except FencingTokenLowerVersion:
+            return Written.FENCED
+        except LockNotHeld:
+            return Written.NOT_DRIVING
+        except NotAuthorized as exc:
+            self.error = exc
+            return Written.NOT_AUTHORIZED
+        except (StateStoreError, SessionError) as exc:
+            self.error = exc
+            return Written.FAILED
+        return Written.OK

@@ -252,17 +252,19 @@ class PointSync:
 
     # ------------------------------------------------------------------ taking over
 
-    async def take_over(self, controller: Controller, entry: PointRecord | None) -> bool:
+    async def take_over(
+        self, controller: Controller, entry: PointRecord | None, marked_at: Hlc | None = None
+    ) -> bool:
         """Holds the controller from now on: reads the point's key and writes it back with
         this instance's token (the fence), and leaves the point to be reconciled by its
         worker, once `start()`ed (`reconciled` is set then). `entry`: the point's part of
-        the record the device read and fenced. True if the store showed a remote change
-        the former active never applied (a device to reconcile first); False also when the
-        store could not be read."""
+        the record the device read and fenced, `marked_at` that record's version. True if
+        the store showed a remote change the former active never applied (a device to
+        reconcile first); False also when the store could not be read."""
         self.controller = controller
         self.reconciled.clear()
         try:
-            _, store_version = await self.fence(self.key, "write")
+            store_raw, store_version = await self.fence(self.key, "write")
         except (LockNotHeld, FencingTokenLowerVersion):
             self.serve_unfenced(controller)
             return False
@@ -277,12 +279,29 @@ class PointSync:
             )
         synced = self.status.synced if entry is None else entry.synced
         if entry is not None and entry.published is not None:
-            self._published = entry.published
+            self._published = decisions.published_marker(
+                entry.published, marked_at, self._parsed(store_raw), store_version
+            )
+            if self._published is None:
+                self.log.info(
+                    "takeover: the former active's publish of %s %s never reached the store "
+                    "(refused): the controller's value is a panel change still to publish",
+                    self._what,
+                    entry.published,
+                )
         self._takeover = synced
         self._wake.set()
         return store_version is not None and (
             synced.version is None or store_version > synced.version
         )
+
+    def _parsed(self, raw: bytes | None) -> PointValue | None:
+        if raw is None:
+            return None
+        try:
+            return points.parse(self.point, raw)
+        except InvalidRemoteValue:
+            return None
 
     async def _reconcile_at_takeover(self, record: Synced | None) -> None:
         """Brings the three together: what the former active last had on the controller
@@ -585,30 +604,34 @@ class PointSync:
         # connection (both written before either answer is awaited): a record with it in
         # the store means the store had the value first, so that a takeover knows a later
         # value in the store is newer, even if this instance dies before the value's
-        # version comes back to be recorded.
-        self.record.update(self.name, self.status.synced, self.status.pending, value)
-        publish = asyncio.ensure_future(
-            self.lock.fenced_set(
-                self.key,
-                points.encode(self.point, value),
-                condition=Condition.NX if only_if_absent else None,
+        # version comes back to be recorded. Unless the store refused the value: then the
+        # store's value is older than that record (see decisions.published_marker).
+        refused = False
+        async with self.record.publishing(
+            self.name, self.status.synced, self.status.pending, value
+        ) as send_marked:
+            publish = asyncio.ensure_future(
+                self.lock.fenced_set(
+                    self.key,
+                    points.encode(self.point, value),
+                    condition=Condition.NX if only_if_absent else None,
+                )
             )
-        )
-        marked = asyncio.ensure_future(self.record.write())
-        try:
-            result = await publish
-        except FencingTokenLowerVersion:
+            send_marked()
+            try:
+                result = await publish
+            except FencingTokenLowerVersion:
+                refused = True
+            except LockNotHeld:
+                return
+            except (StateStoreError, SessionError) as exc:
+                self._store_failed(exc, self.key, "write")
+                return
+        if refused:
+            # The lock counts the lease lost (a renewal of ours would have explained it).
             self.status.counters.fenced_writes_rejected += 1
             self.log.warning("store refused our write of %s: a newer active wrote", value)
             return
-        except LockNotHeld:
-            return
-        except (StateStoreError, SessionError) as exc:
-            self._store_failed(exc, self.key, "write")
-            return
-        finally:
-            await asyncio.gather(marked, return_exceptions=True)
-            self.record.update(self.name, self.status.synced, self.status.pending)
         self._store_allowed(self.key)
         if not result.applied:
             # Written meanwhile (a remote change to an empty store): compare anew, with the

@@ -22,7 +22,9 @@ and the last remote value the unit could not take, with why (`"refused":{"point"
 A panel change is published to the point's key and recorded right after, both sent at once
 on one connection: a record saying `"published":28.5` tells whoever takes over that 28.5
 reached the store before the record did, so that a later value in the store is newer than
-it, even if the former active died before it could record 28.5's version.
+it, even if the former active died before it could record 28.5's version; unless the
+store's value is older than the record, then the store refused 28.5 (see
+`decisions.published_marker`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,53 @@
+"""The record marked with a publish is the one sent right behind the value: a takeover
+reads the marker against that record's version (decisions.published_marker), so no other
+record may carry the mark, and none may slip in between."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from agent.protocol.hlc import Hlc
+from agent.sync.decisions import Synced
+from agent.sync.device_record import DeviceRecord, Written
+
+
+class HeldLock:
+    """Fenced writes in the order they were sent; each answered when the test says so."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+        self.answer = asyncio.Event()
+
+    async def fenced_set(self, key: str, value: bytes, **_: Any) -> Any:
+        self.sent.append((key, value))
+        await self.answer.wait()
+        return None
+
+
+def v(n: int) -> Hlc:
+    return Hlc(1_700_000_000_000 + n, 0, "s")
+
+
+async def test_the_mark_is_in_the_one_record_behind_the_value() -> None:
+    lock = HeldLock()
+    record = DeviceRecord("t01\\synced", lock, lambda: True)  # type: ignore[arg-type]
+    record.update("setPoint", Synced(20.0, v(1)), ())
+    record.update("mode", Synced("heat", v(2)), ())
+    sibling: asyncio.Future[Written] | None = None
+    async with record.publishing("setPoint", Synced(20.0, v(1)), (), 16.5) as send_marked:
+        publish = asyncio.ensure_future(lock.fenced_set("t01\\setPoint", b"16.5"))
+        send_marked()
+        # Another point syncs while the value is on its way: its record waits.
+        record.update("mode", Synced("cool", v(3)), ())
+        sibling = asyncio.ensure_future(record.write())
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert [key for key, _ in lock.sent] == ["t01\\setPoint", "t01\\synced"]
+        lock.answer.set()
+        await publish
+    assert await sibling is Written.OK
+    marked, after = (json.loads(raw) for key, raw in lock.sent[1:])
+    assert marked["published"] == 16.5
+    assert "published" not in after and after["points"]["mode"]["value"] == "cool"
