@@ -34,6 +34,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,15 @@ lasts from then (seconds); True lets it go. It must answer at once and only read
 WRITE_TIMEOUT_S = 0.05
 """The longest a driver's write() may block (a frame is tens of bytes: it goes into an empty
 kernel buffer at once). Longer means the port is stuck: it is aborted."""
+
+
+LATE_REPLY_WINDOW = 2
+"""Reply timeouts after its own timeout within which a late reply is taken to begin (a unit
+up to three reply timeouts late): the next exchange with that address waits that out."""
+
+QUIET_WAIT_AFTER_WINDOW = 3
+"""Reply timeouts the wait for a quiet line may go on past that window (a noisy line): it
+gives up then, and the reply's address and framing are all that tell it apart."""
 
 
 def open_gate(lasts_s: float) -> bool:
@@ -141,28 +151,40 @@ class Driver(ABC):
             else reply_timeout_s
         )
         self.stats = LinkStats()
-        self._late_reply_from: set[int | None] = set()
+        self._late_reply_from: dict[int | None, float] = {}
+        """Addresses whose reply may still come, and when their request timed out."""
 
     # A reply that missed its deadline may still come, and would pass for the reply to
-    # the next request to the same address (of the same kind, likely). So the next
-    # exchange with that address first waits the line quiet, and keeps doing so until an
-    # exchange with it completes: a request the gate held back after the wait does not
-    # prove the line quiet by the next one. (Another address's late reply is told apart
-    # by its address.) The wait comes before the gate (the contract above).
+    # the next request to the same address (of the same kind, likely: an old reading
+    # taken for a fresh one, and a write decided on it). So the next exchange with that
+    # address first waits out the late reply's window (LATE_REPLY_WINDOW reply timeouts
+    # from the timeout) and then a quiet line, and keeps doing so until an exchange with it
+    # completes: a request the gate held back after the wait does not prove the line quiet
+    # by the next one. (Another address's late reply is told apart by its address.) The
+    # wait comes before the gate (the contract above).
 
     def _late_reply_possible(self, address: int | None) -> None:
-        self._late_reply_from.add(address)
+        self._late_reply_from[address] = time.monotonic()
 
     def _exchange_completed(self, address: int | None) -> None:
-        self._late_reply_from.discard(address)
+        self._late_reply_from.pop(address, None)
 
     def _wait_out_late_reply(
         self, wait_for_quiet: Callable[[float, float], int], address: int | None
     ) -> None:
-        if address in self._late_reply_from:
-            discarded = wait_for_quiet(self.reply_timeout_s, 4 * self.reply_timeout_s)
-            if discarded:
-                log.debug("discarded %d bytes of a late reply from %s", discarded, address)
+        timed_out_at = self._late_reply_from.get(address)
+        if timed_out_at is None:
+            return
+        window_ends = timed_out_at + LATE_REPLY_WINDOW * self.reply_timeout_s
+        quiet_s = max(self.reply_timeout_s, window_ends - time.monotonic())
+        discarded = wait_for_quiet(quiet_s, quiet_s + QUIET_WAIT_AFTER_WINDOW * self.reply_timeout_s)
+        if discarded:
+            log.debug("discarded %d bytes of a late reply from %s", discarded, address)
+
+    @property
+    def longest_late_reply_wait_s(self) -> float:
+        """The longest wait for a late reply before an exchange (bounded: the contract)."""
+        return (LATE_REPLY_WINDOW + QUIET_WAIT_AFTER_WINDOW) * self.reply_timeout_s
 
     @property
     @abstractmethod
@@ -206,7 +228,8 @@ class Driver(ABC):
     @property
     def worst_case_call_s(self) -> float:
         """The longest one call may block: the bus's bound on a stuck worker."""
-        return max(6.0, 4 * self.reply_timeout_s)
+        # Two exchanges (a write and its read-back), each after a wait for a late reply.
+        return max(6.0, 2 * (self.longest_late_reply_wait_s + 2 * self.reply_timeout_s))
 
     @abstractmethod
     def open(self) -> None:

@@ -95,9 +95,13 @@ class LineDriver(Driver):
 
     @property
     def worst_case_call_s(self) -> float:
-        # A wait for a quiet line after a timeout (up to 4 reply timeouts), then the
-        # request's own line time, the reply timeout and the longest reply; twice that.
-        exchange = 5 * self.reply_timeout_s + self.timing.chars_s(2 * lp.MAX_LINE)
+        # A wait for a late reply and a quiet line after a timeout, then the request's
+        # own line time, the reply timeout and the longest reply; twice that.
+        exchange = (
+            self.longest_late_reply_wait_s
+            + self.reply_timeout_s
+            + self.timing.chars_s(2 * lp.MAX_LINE)
+        )
         # Opening a socket:// URL may take pyserial's own 5 s connect timeout.
         return max(2 * exchange, 6.0)
 

@@ -30,11 +30,13 @@ async def line(request: pytest.FixtureRequest) -> AsyncIterator[FakeLine]:
         await fake.stop()
 
 
-def driver_for(line: FakeLine) -> Driver:
+def driver_for(line: FakeLine, baudrate: int = 9600) -> Driver:
     assert line.tcp_url is not None
     if line.register_map is not None:
-        return ModbusDriver(line.tcp_url, parity="N", reply_timeout_s=REPLY_TIMEOUT_S)
-    return LineDriver(line.tcp_url, reply_timeout_s=REPLY_TIMEOUT_S)
+        return ModbusDriver(
+            line.tcp_url, baudrate=baudrate, parity="N", reply_timeout_s=REPLY_TIMEOUT_S
+        )
+    return LineDriver(line.tcp_url, baudrate=baudrate, reply_timeout_s=REPLY_TIMEOUT_S)
 
 
 async def test_a_late_reply_is_waited_out_even_after_a_request_the_gate_held_back(
@@ -82,3 +84,26 @@ async def test_another_units_late_reply_costs_no_wait(line: FakeLine) -> None:
             driver.close()
 
     assert await asyncio.to_thread(session) == 24.0
+
+
+async def test_a_reply_later_than_one_quiet_wait_is_waited_out(line: FakeLine) -> None:
+    """The p2p soak's lost panel changes: a unit answering 1.2 to 2.5 reply timeouts late;
+    the next request, sent after one reply timeout of quiet, took the old reply (set point
+    20, read before the panel change) for its own, and a write was decided on it. (At
+    115200 baud, where a reply's line time adds little to the timeout.)"""
+    driver = driver_for(line, baudrate=115200)
+    unit = Unit("t2", 2)
+    line.unit(2).fault("SLOW", round(2.4 * REPLY_TIMEOUT_S * 1000))
+
+    def session() -> float:
+        driver.open()
+        try:
+            with pytest.raises(ControllerUnavailable):
+                driver.read_state(unit)  # its reply, set point 20, comes 2.4 timeouts late
+            line.unit(2).fault("CLEAR")
+            line.unit(2).panel_setpoint(25.0)
+            return driver.read_state(unit).setpoint
+        finally:
+            driver.close()
+
+    assert await asyncio.to_thread(session) == 25.0
