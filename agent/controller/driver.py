@@ -177,7 +177,9 @@ class Driver(ABC):
             return
         window_ends = timed_out_at + LATE_REPLY_WINDOW * self.reply_timeout_s
         quiet_s = max(self.reply_timeout_s, window_ends - time.monotonic())
-        discarded = wait_for_quiet(quiet_s, quiet_s + QUIET_WAIT_AFTER_WINDOW * self.reply_timeout_s)
+        discarded = wait_for_quiet(
+            quiet_s, quiet_s + QUIET_WAIT_AFTER_WINDOW * self.reply_timeout_s
+        )
         if discarded:
             log.debug("discarded %d bytes of a late reply from %s", discarded, address)
 

@@ -20,8 +20,8 @@ from agent.sync.decisions import (
     Record,
     Synced,
     encode_setpoint,
-    reconcile,
     published_marker,
+    reconcile,
     takeover_base,
 )
 from agent.sync.record import (
