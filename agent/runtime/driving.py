@@ -45,10 +45,10 @@ class ActiveLine:
         self._reconciling: asyncio.Future[Any] | None = None
 
     async def open(self) -> None:
-        """Opens the line; each device is fenced in the store, then reconciled by its own
-        worker, those with a remote change the former active never applied first, and
-        served as soon as it is. Returns once the line is driven (before every device is
-        reconciled: a line of 32 is active within the bound, whatever its length)."""
+        """Opens the line; each device is then fenced in the store and reconciled by its
+        own worker as soon as its fence is done, and served as soon as it is reconciled.
+        Returns once the line is driven, before any device is fenced: a line of 32 whole
+        thermostats (256 keys to fence) is active within the bound, whatever its length."""
         # Shown (self.bus) once open: a line still opening is not a line down.
         bus = Bus(
             self.driver,
@@ -65,19 +65,24 @@ class ActiveLine:
         )
         await bus.open()
         self.bus = bus
-        started = time.monotonic()
-        needs = await asyncio.gather(
-            *(sync.take_over(bus.device(name)) for name, sync in self.devices.items())
-        )
-        order = sorted(zip(needs, self.devices.values(), strict=True), key=lambda n: not n[0])
-        for _, sync in order:
-            sync.start()
-        self._reconciling = self._spawn(self._say_reconciled(started, sum(needs)))
+        self._reconciling = self._spawn(self._take_over_devices(bus, time.monotonic()))
 
-    async def _say_reconciled(self, started: float, first: int) -> None:
+    async def _take_over_devices(self, bus: Bus, started: float) -> None:
+        async def take_over(name: str, sync: DeviceSync) -> bool:
+            needs = await sync.take_over(bus.device(name))
+            if self.bus is bus:
+                log.debug("device %s fenced: reconciling it", name)
+                sync.start()
+            return needs
+
+        needs = await asyncio.gather(
+            *(take_over(name, sync) for name, sync in self.devices.items())
+        )
+        first = sum(needs)
         await asyncio.gather(*(sync.wait_reconciled() for sync in self.devices.values()))
         log.info(
-            "line open: %d device(s) reconciled in %.0f ms (%d with a remote change first)",
+            "line open: %d device(s) reconciled in %.0f ms (%d with a remote change the former "
+            "active never applied)",
             len(self.devices),
             (time.monotonic() - started) * 1000,
             first,
@@ -88,8 +93,8 @@ class ActiveLine:
         back once that line no longer serves it; a device another line named itself for
         meanwhile (both took over at once) is left to it."""
         bus = self.bus
-        if bus is None:
-            return
+        if bus is None or (self._reconciling is not None and not self._reconciling.done()):
+            return  # the takeover's own fences are still going on
         for name, sync in list(self.devices.items()):
             left = sync.served_by is not None
             if await sync.check_served_elsewhere() or not left or self.bus is not bus:

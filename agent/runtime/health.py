@@ -460,7 +460,8 @@ class Health:
             "store": None if store is None else store.decode(errors="replace"),
             "setpoint": snapshot.setpoint,
             "temperature": snapshot.temperature,
-            "in_sync": available and in_sync(store, snapshot.setpoint),
+            # Not while reconciling (taken over, fenced or not yet): its unit is unread.
+            "in_sync": available and not seen.reconciling and in_sync(store, snapshot.setpoint),
             "last_sync": snapshot.last_sync_time,
             "last_sync_version": snapshot.last_sync_version,
             "errors": snapshot.errors,

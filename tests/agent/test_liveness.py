@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.ops.support import Topics, health_topic
+from tests.support.points_rig import PointsRig
 from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, RECONCILED, STANDBY, STEPPED_DOWN, LineRig, Rig
 
@@ -163,6 +164,8 @@ def test_a_restart_after_a_crash_is_not_taken_for_a_clone(tmp_path: Path) -> Non
 
 # ------------------------------------------------------------------ 4. a line of 32
 
+FIRST_DEVICE_FENCED = re.compile(r"device t\d+ fenced")
+
 
 def test_a_line_of_32_is_driven_within_the_bound_then_reconciled(tmp_path: Path) -> None:
     """At 9600 baud a line of 32 takes seconds to read round: the new active drives it
@@ -181,6 +184,27 @@ def test_a_line_of_32_is_driven_within_the_bound_then_reconciled(tmp_path: Path)
         assert log_time(became.string) - killed <= 1.0 + 0.3 + 0.2
         assert log_time(became.string) < log_time(reconciled.string)
         line.wait_line(lambda fake: fake.unit(17).setpoint == 24.5, timeout=10)
+    finally:
+        line.close()
+
+
+def test_a_line_of_32_whole_thermostats_is_active_before_its_fences(tmp_path: Path) -> None:
+    """32 whole thermostats are 256 keys to fence (the record, the line's name and six
+    points each): the new active said so only once every one was fenced, up to 350 ms past
+    the bound in the soak at TTL 1 s. It drives the line first; each device is served as
+    soon as its own fence is done."""
+    line = PointsRig(tmp_path, 32, ttl_ms=1000)
+    try:
+        active, _ = line.start_active("a")
+        standby = line.start_agent("b", AGENT_LOG_LEVEL="DEBUG")
+        standby.wait_for_new(STANDBY)
+        active.signal(signal.SIGKILL)
+        killed = time.time()
+        became = standby.wait_for_new(ACTIVE, timeout=15)
+        fenced = standby.wait_for(FIRST_DEVICE_FENCED, timeout=15)
+        assert log_time(became.string) - killed <= 1.0 + 0.3 + 0.2
+        assert log_time(became.string) <= log_time(fenced.string)
+        line.wait_line(lambda fake: fake.unit(17).setpoint == 20.0, timeout=10)
     finally:
         line.close()
 
