@@ -75,6 +75,8 @@ class Leadership:
         """The round trip (s) that keeps this instance from holding a lease, while it does."""
         self._lease_wake = asyncio.Event()
         self.lock_delay = LockDelay.starting(ttl_ms / 1000, time.monotonic())
+        self._released = asyncio.Event()
+        """Set by every live DELETE of the lock: a takeover's wait looks again."""
         self.role = Role.STARTING
         self.losses = 0
         self._take_over_line = take_over
@@ -129,8 +131,9 @@ class Leadership:
 
     async def watch(self) -> bytes | None:
         """Watches the lock; returns its holder now."""
+        asked_at = time.monotonic()
         holder = await self.lock.observe(self._on_lock_change)
-        self._saw_holder(holder, live=False)
+        self._saw_holder(holder, live=False, asked_at=asked_at)
         return holder
 
     def standing_by(self) -> None:
@@ -180,12 +183,13 @@ class Leadership:
                 # store's: no one else has held the lock since, so no one else drives.
                 log.info("the lock is still our last lease: taking it again at once")
                 self.lock_delay.seen_released(time.monotonic())
+            asked_at = time.monotonic()
             token = await self.lock.try_acquire(self.ttl_ms)
         except (StateStoreError, SessionError) as exc:
             log.debug("lock attempt failed: %s", exc)
             return
-        if token is None:
-            self.lock_delay.seen_held(time.monotonic())  # someone else holds it
+        if token is None:  # someone else holds it
+            self.lock_delay.seen_held(time.monotonic(), asked_at=asked_at)
             return
         await self._take_over(self.lock.epoch, token)
 
@@ -199,10 +203,10 @@ class Leadership:
             wait = self.lock_delay.wait_s(time.monotonic())
             if wait > 0:
                 log.info("holding the lock; waiting %.1f s for the previous lease to end", wait)
-                self.taking_over_until = time.monotonic() + wait
+                until = self.taking_over_until = time.monotonic() + wait
                 self._on_waiting()
                 try:
-                    await asyncio.sleep(wait)
+                    await self._lock_delay_over(until)
                 finally:
                     self.taking_over_until = None
             # A reconnect while the previous lease ran out left ours in doubt: confirmed by
@@ -224,6 +228,18 @@ class Leadership:
                 return  # the step-down closes up
             log.info("became active (fencing token %s)", token)
             self.active_event.set()
+
+    async def _lock_delay_over(self, until: float) -> None:
+        """Until `until` (monotonic), or sooner once the previous lease has provably ended.
+        The store sends the DELETE of a lease that ran out right before it grants the lock
+        to the request that found it out, and this instance may handle that notification
+        only after the grant: it ends the wait then, not a TTL later."""
+        while (left := until - time.monotonic()) > 0:
+            if self.lock_delay.wait_s(time.monotonic()) <= 0:
+                return
+            self._released.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), left)
 
     async def _until_confirmed(self, epoch: int, role: Role) -> None:
         """While still `role` and the lease of `epoch` is held but in doubt (a reconnect):
@@ -377,17 +393,21 @@ class Leadership:
         elif not change.synthetic:
             # A live DELETE: released, or expired at the store. The holder stopped first.
             self.lock_delay.seen_released(time.monotonic())
+            self._released.set()
             if self.role is Role.STANDBY:
                 self._spawn(self.contend())  # take over now
 
-    def saw_holder(self, holder: bytes | None) -> None:
-        """The lock's holder, as read from the store (not a live notification)."""
-        self._saw_holder(holder, live=False)
+    def saw_holder(self, holder: bytes | None, *, asked_at: float | None = None) -> None:
+        """The lock's holder, as read from the store (not a live notification) by a request
+        sent at `asked_at` (monotonic)."""
+        self._saw_holder(holder, live=False, asked_at=asked_at)
 
-    def _saw_holder(self, holder: bytes | None, *, live: bool) -> None:
+    def _saw_holder(
+        self, holder: bytes | None, *, live: bool, asked_at: float | None = None
+    ) -> None:
         if holder is None or holder == self.holder:
             return
-        self.lock_delay.seen_held(time.monotonic())
+        self.lock_delay.seen_held(time.monotonic(), asked_at=asked_at)
         if holder_instance(holder) != self.instance_id or holder in self._duplicates_reported:
             return
         if not live:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 class LockDelay:
     ttl_s: float
     _ended_by: float = 0.0
+    _released_at: float = float("-inf")
 
     @classmethod
     def starting(cls, ttl_s: float, now: float) -> LockDelay:
@@ -32,13 +33,22 @@ class LockDelay:
         delay.seen_held(now)
         return delay
 
-    def seen_held(self, now: float) -> None:
-        """Another holder held the lock at `now` (a notification, a GET, a refused NEX)."""
+    def seen_held(self, now: float, *, asked_at: float | None = None) -> None:
+        """Another holder held the lock at `now` (a notification, a GET, a refused NEX).
+
+        `asked_at`: when the request whose answer showed it was sent. An answer to a request
+        sent before a live DELETE this instance has seen since shows the lease that DELETE
+        ended (the answer was merely handled later): it is not counted. A holder that took
+        the lock after that DELETE is seen all the same: the store sends its SET's
+        notification before it answers a request it handles later."""
+        if asked_at is not None and asked_at < self._released_at:
+            return
         self._ended_by = max(self._ended_by, now + self.ttl_s)
 
     def seen_released(self, now: float) -> None:
         """A live DELETE notification of the lock: the previous lease is over."""
         self._ended_by = min(self._ended_by, now)
+        self._released_at = now
 
     def lost_sight(self, now: float) -> None:
         """The link to the store was down until `now`: what happened meanwhile is unknown."""

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -465,8 +466,9 @@ class Agent:
         is still there), so that a lease that merely expired is not waited out again."""
         assert self.client is not None and self.leadership is not None
         try:
+            asked_at = time.monotonic()
             holder = await self.leadership.lock.current_holder()
-            self.leadership.saw_holder(holder)
+            self.leadership.saw_holder(holder, asked_at=asked_at)
             if holder is None:
                 for sync in self.devices.values():
                     record, _ = await self.client.get(sync.keys.record)

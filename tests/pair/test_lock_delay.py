@@ -63,3 +63,17 @@ def test_never_drives_within_a_ttl_of_a_sighting_not_followed_by_a_release(
             assert now + delay.wait_s(now) >= last_unreleased + TTL - 1e-9
         else:
             assert delay.wait_s(now) == 0.0
+
+
+def test_an_answer_to_a_request_sent_before_a_live_delete_is_no_new_sighting() -> None:
+    """The point-to-point soak's 1.95 s without an active: a restarted instance's refused
+    NEX (sent while its former process's lease still ran) was handled after the lease's
+    live DELETE; counted as a sighting, it made the instance wait out a whole TTL more
+    after it took the lock."""
+    delay = LockDelay.starting(TTL, now=0.0)
+    delay.seen_held(3.0)
+    delay.seen_released(3.3)
+    delay.seen_held(3.31, asked_at=3.29)  # the refusal, asked before the DELETE came
+    assert delay.wait_s(3.32) == 0.0
+    delay.seen_held(3.5, asked_at=3.4)  # asked after it: a new holder
+    assert delay.wait_s(3.5) == TTL
