@@ -105,7 +105,9 @@ def describe(item: Judged) -> str:
 @dataclass
 class Sampler:
     """Samples `live()` on a thread of its own every `step_s`, and runs `also()` (the
-    soak's collection of what the line recorded) every `also_every` samples."""
+    soak's collection of what the line recorded) every `also_every` steps on another: a
+    collection that takes long under load must not space the samples out (a gap is only
+    as exact as the samples around it)."""
 
     live: Callable[[], bool]
     also: Callable[[], None] = lambda: None
@@ -117,17 +119,23 @@ class Sampler:
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _also_thread: threading.Thread | None = None
     _open: float | None = None
     _open_step: float = 0.0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="soak-liveness", daemon=True)
         self._thread.start()
+        self._also_thread = threading.Thread(
+            target=self._run_also, name="soak-collection", daemon=True
+        )
+        self._also_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        for thread in (self._thread, self._also_thread):
+            if thread is not None:
+                thread.join(10)
         if self._open is not None:
             self.gaps.append(Gap(self._open, time.monotonic(), self._open_step))
             self._open = None
@@ -152,10 +160,12 @@ class Sampler:
             elif live and self._open is not None:
                 self.gaps.append(Gap(self._open, now, max(self._open_step, step)))
                 self._open = None
-            if self.samples % self.also_every == 0:
-                try:
-                    self.also()
-                except Exception as exc:
-                    if len(self.errors) < 5:
-                        self.errors.append(repr(exc))
             self._stop.wait(self.step_s)
+
+    def _run_also(self) -> None:
+        while not self._stop.wait(self.step_s * self.also_every):
+            try:
+                self.also()
+            except Exception as exc:
+                if len(self.errors) < 5:
+                    self.errors.append(repr(exc))
