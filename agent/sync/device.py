@@ -27,9 +27,10 @@ from agent.controller.interface import Controller, ControllerState, PointValue
 from agent.controller.profile import SET_POINT_ONLY, Profile
 from agent.sync.decisions import Rules
 from agent.sync.device_record import DeviceRecord
-from agent.sync.point import PointSync, SyncCounters, SyncStatus
+from agent.sync.point import PointSync
 from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
 from agent.sync.state_file import StateFile
+from agent.sync.status import SyncCounters, SyncStatus
 
 __all__ = ["DeviceKeys", "DeviceSync", "SyncCounters", "SyncStatus"]
 

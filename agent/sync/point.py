@@ -31,7 +31,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
@@ -66,6 +65,7 @@ from agent.sync.decisions import (
 from agent.sync.device_record import DeviceRecord, Written
 from agent.sync.record import PointRecord, Refusal
 from agent.sync.state_file import StateFile
+from agent.sync.status import SyncStatus
 
 Decide = Callable[[PointValue, Rules], Decision]
 """Decides on the point's value as the unit holds it and the rules a remote value keeps."""
@@ -81,25 +81,6 @@ _WHAT_A_REFUSAL_COSTS = {
     "write the sync record to": "a takeover knows less of what this instance synced",
     "write the line's name to": "remote writers cannot find the device's line",
 }
-
-
-@dataclass
-class SyncCounters:
-    invalid_remote_values: int = 0
-    controller_errors: int = 0
-    store_errors: int = 0
-    fenced_writes_rejected: int = 0
-    not_authorized: int = 0
-
-
-@dataclass
-class SyncStatus:
-    synced: Synced = field(default_factory=Synced)
-    synced_at: float | None = None  # wall clock, seconds
-    controller: str = "ok"  # ok | unavailable | error
-    counters: SyncCounters = field(default_factory=SyncCounters)
-    pending: tuple[Synced, ...] = ()
-    """Remote changes written (or about to be) to the controller, not yet confirmed."""
 
 
 class PointSync:
