@@ -239,6 +239,16 @@ def newer(a: Synced, b: Synced) -> Synced:
     return a
 
 
+def parsed(point: Point, raw: bytes | None) -> PointValue | None:
+    """A key's value as the point's, None when absent or not one of its values."""
+    if raw is None:
+        return None
+    try:
+        return points.parse(point, raw)
+    except InvalidValue:
+        return None
+
+
 def published_marker(
     published: PointValue | None,
     marked_at: Hlc | None,

@@ -46,8 +46,9 @@ class DeviceRecord:
         synced: Synced,
         pending: tuple[Synced, ...],
         published: PointValue | None = None,
+        unanswered: PointValue | None = None,
     ) -> None:
-        self.entries[point] = PointRecord(synced, pending, published)
+        self.entries[point] = PointRecord(synced, pending, published, unanswered)
 
     async def write(self) -> Written:
         """The record in the store, fenced: the newest entries of every point."""
@@ -58,7 +59,12 @@ class DeviceRecord:
 
     @contextlib.asynccontextmanager
     async def publishing(
-        self, point: str, synced: Synced, pending: tuple[Synced, ...], value: PointValue
+        self,
+        point: str,
+        synced: Synced,
+        pending: tuple[Synced, ...],
+        value: PointValue,
+        unanswered: PointValue | None = None,
     ) -> AsyncIterator[Callable[[], asyncio.Future[Written]]]:
         """Around a point's publish of `value`: gives what sends the record marked with it,
         to be called right after the value is sent (both on one connection, the record
@@ -66,7 +72,7 @@ class DeviceRecord:
         in that one record only, whose version then tells a takeover that a value the store
         had before it came before the publish (`decisions.published_marker`)."""
         async with self._writing:
-            self.entries[point] = PointRecord(synced, pending, value)
+            self.entries[point] = PointRecord(synced, pending, value, unanswered)
             sent: list[asyncio.Future[Written]] = []
 
             def send() -> asyncio.Future[Written]:
@@ -77,7 +83,7 @@ class DeviceRecord:
                 yield send
             finally:
                 await asyncio.gather(*sent, return_exceptions=True)
-                self.entries[point] = PointRecord(synced, pending)
+                self.entries[point] = PointRecord(synced, pending, unanswered=unanswered)
 
     async def _send(self) -> Written:
         if not self.may_write():
@@ -95,6 +101,7 @@ class DeviceRecord:
             limits=self.limits,
             refused=self.refused,
             published=setpoint.published,
+            unanswered=setpoint.unanswered,
         )
         try:
             await self.lock.fenced_set(self.key, raw)

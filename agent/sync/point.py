@@ -39,10 +39,8 @@ from agent.client.statestore import Condition, KeyChange, StateStoreClient
 from agent.controller import points
 from agent.controller.interface import (
     Controller,
-    ControllerError,
     ControllerFault,
     ControllerState,
-    ControllerUnavailable,
     NotSent,
     PointValue,
     ReadingChanged,
@@ -128,6 +126,8 @@ class PointSync:
         self._refused: set[str] = set()  # keys the broker's rules refuse us, said once
         self._takeover: Synced | None = None
         self._published: PointValue | None = None
+        self._unanswered: PointValue | None = None
+        """Our own publish whose answer never came, until the point syncs again."""
         """What the former active's record says it published last (see record.py)."""
         self.reconciled = asyncio.Event()
         """Set once the device was reconciled after the takeover: it is served."""
@@ -224,7 +224,7 @@ class PointSync:
         the store forgets."""
         if entry is None:
             return
-        self._published = entry.published
+        self._published = entry.published if entry.published is not None else entry.unanswered
         synced = decisions.newer(self.status.synced, entry.synced)
         pending = decisions.still_pending((*self.status.pending, *entry.pending), synced)
         if (synced, pending) != (self.status.synced, self.status.pending):
@@ -261,7 +261,7 @@ class PointSync:
         synced = self.status.synced if entry is None else entry.synced
         if entry is not None and entry.published is not None:
             self._published = decisions.published_marker(
-                entry.published, marked_at, self._parsed(store_raw), store_version
+                entry.published, marked_at, decisions.parsed(self.point, store_raw), store_version
             )
             if self._published is None:
                 self.log.info(
@@ -270,19 +270,14 @@ class PointSync:
                     self._what,
                     entry.published,
                 )
+        if entry is not None and entry.unanswered is not None and self._published is None:
+            # Its answer never came: the store may have had it, so it is no panel change.
+            self._published = entry.unanswered
         self._takeover = synced
         self._wake.set()
         return store_version is not None and (
             synced.version is None or store_version > synced.version
         )
-
-    def _parsed(self, raw: bytes | None) -> PointValue | None:
-        if raw is None:
-            return None
-        try:
-            return points.parse(self.point, raw)
-        except InvalidRemoteValue:
-            return None
 
     async def _reconcile_at_takeover(self, record: Synced | None) -> None:
         """Brings the three together: what the former active last had on the controller
@@ -452,7 +447,7 @@ class PointSync:
             if controller.limits is None:
                 await controller.read_limits()
         except ControllerFault as exc:
-            self._controller_fault(exc)
+            self.status.controller_fault(exc)
             self.log.debug("%s: controller not readable: %s", what, exc)
             return
         self.status.controller = "ok"
@@ -554,7 +549,7 @@ class PointSync:
             return None
         except ControllerFault as exc:
             # It may have reached the controller all the same: it stays pending.
-            self._controller_fault(exc)
+            self.status.controller_fault(exc)
             self.log.warning("could not apply %s %s: %s", self._what, decision.value, exc)
             return None
         self.log.info(
@@ -588,8 +583,9 @@ class PointSync:
         # version comes back to be recorded. Unless the store refused the value: then the
         # store's value is older than that record (see decisions.published_marker).
         refused = False
+        unanswered = False
         async with self.record.publishing(
-            self.name, self.status.synced, self.status.pending, value
+            self.name, self.status.synced, self.status.pending, value, self._unanswered
         ) as send_marked:
             publish = asyncio.ensure_future(
                 self.lock.fenced_set(
@@ -607,7 +603,16 @@ class PointSync:
                 return
             except (StateStoreError, SessionError) as exc:
                 self._store_failed(exc, self.key, "write")
-                return
+                unanswered = isinstance(exc, TimeoutError)
+                if not unanswered:
+                    return
+        if unanswered:
+            # The store may have it: every record from now on says so, until the point
+            # syncs again (a takeover must not take the value for a panel change).
+            self._unanswered = value
+            await self._write_record(self.status.synced, self.status.pending)
+            self.reconcile_soon()
+            return
         if refused:
             # The lock counts the lease lost (a renewal of ours would have explained it).
             self.status.counters.fenced_writes_rejected += 1
@@ -653,13 +658,6 @@ class PointSync:
             self._refused.discard(key)
             self.log.info("the store lets this agent use %s again", key)
 
-    def _controller_fault(self, exc: ControllerFault) -> None:
-        if isinstance(exc, ControllerUnavailable):
-            self.status.controller = "unavailable"
-        elif isinstance(exc, ControllerError):
-            self.status.controller = "error"
-        self.status.counters.controller_errors += 1
-
     async def _record(self, value: PointValue, version: Hlc | None) -> None:
         """Both sides agree on `value` at `version`: remember it, on disk and in the store
         (the sync record, for whoever takes over next)."""
@@ -671,12 +669,13 @@ class PointSync:
         self.status.synced_at = time.time()
         await self._save_locally()
         if version is not None:
+            self._unanswered = None  # synced at a version of the store's: settled
             await self._write_record(synced, pending)
 
     async def _write_record(self, synced: Synced, pending: tuple[Synced, ...]) -> bool:
         """The device's sync record in the store with this point's entry, fenced; True once
         the store has it (or the broker's rules refuse it: nobody reads it then)."""
-        self.record.update(self.name, synced, pending)
+        self.record.update(self.name, synced, pending, unanswered=self._unanswered)
         written = await self.record.write()
         if written is Written.FENCED:
             self.status.counters.fenced_writes_rejected += 1

@@ -24,7 +24,9 @@ on one connection: a record saying `"published":28.5` tells whoever takes over t
 reached the store before the record did, so that a later value in the store is newer than
 it, even if the former active died before it could record 28.5's version; unless the
 store's value is older than the record, then the store refused 28.5 (see
-`decisions.published_marker`).
+`decisions.published_marker`). A publish whose answer never came (timed out) is named in
+every record after as `"unanswered":28.5`, until the point syncs again: the store may have
+28.5, and whoever takes over counts it so.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ class PointRecord:
     published: PointValue | None = None
     """A value the active published to the point's key right before this record (sent
     after it on the same connection): the store had it before it had the record."""
+    unanswered: PointValue | None = None
+    """A value the active published whose answer never came (timed out): the store may
+    have it. Kept in every record after, until the point syncs again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +85,12 @@ class SyncRecord:
 
     published: PointValue | None = None
     """The set point's: see PointRecord.published."""
+    unanswered: PointValue | None = None
+    """The set point's: see PointRecord.unanswered."""
 
     def point(self, name: str) -> PointRecord | None:
         if name == "setPoint":
-            return PointRecord(self.synced, self.pending, self.published)
+            return PointRecord(self.synced, self.pending, self.published, self.unanswered)
         return self.points.get(name)
 
 
@@ -95,10 +102,11 @@ def encode_record(
     limits: Mapping[str, Limits] | None = None,
     refused: Refusal | None = None,
     published: PointValue | None = None,
+    unanswered: PointValue | None = None,
 ) -> bytes:
     if synced.value is None or synced.version is None:
         raise ValueError("only a complete sync (value and version) is recorded")
-    data: dict[str, Any] = _point_entry(PointRecord(synced, pending, published))
+    data: dict[str, Any] = _point_entry(PointRecord(synced, pending, published, unanswered))
     if points:
         data["points"] = {
             name: _point_entry(entry)
@@ -123,6 +131,8 @@ def _point_entry(entry: PointRecord) -> dict[str, Any]:
         data["pending"] = [_entry(write) for write in entry.pending[-MAX_PENDING:]]
     if entry.published is not None:
         data["published"] = entry.published
+    if entry.unanswered is not None:
+        data["unanswered"] = entry.unanswered
     return data
 
 
@@ -155,6 +165,7 @@ def parse_full_record(raw: bytes) -> SyncRecord:
                     _parse_entry(entry, name),
                     _parse_pending(entry, name),
                     _parse_published(entry, name),
+                    _parse_published(entry, name, "unanswered"),
                 )
                 for name, entry in entries.items()
                 if name in POINTS and name != "setPoint"
@@ -162,6 +173,7 @@ def parse_full_record(raw: bytes) -> SyncRecord:
             _parse_limits(data.get("limits", {})),
             _parse_refusal(data.get("refused")),
             _parse_published(data, "setPoint"),
+            _parse_published(data, "setPoint", "unanswered"),
         )
     except InvalidRecord:
         raise
@@ -177,8 +189,8 @@ def _parse_pending(data: Any, name: str) -> tuple[Synced, ...]:
     return tuple(_parse_entry(entry, name) for entry in pending)
 
 
-def _parse_published(data: Any, name: str) -> PointValue | None:
-    value = data.get("published")
+def _parse_published(data: Any, name: str, key: str = "published") -> PointValue | None:
+    value = data.get(key)
     return None if value is None else point_value(name, value)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agent.controller.interface import ControllerError, ControllerFault, ControllerUnavailable
 from agent.sync.decisions import Synced
 
 
@@ -25,3 +26,11 @@ class SyncStatus:
     counters: SyncCounters = field(default_factory=SyncCounters)
     pending: tuple[Synced, ...] = ()
     """Remote changes written (or about to be) to the controller, not yet confirmed."""
+
+    def controller_fault(self, exc: ControllerFault) -> None:
+        """Counts a controller's fault, and shows it."""
+        if isinstance(exc, ControllerUnavailable):
+            self.controller = "unavailable"
+        elif isinstance(exc, ControllerError):
+            self.controller = "error"
+        self.counters.controller_errors += 1
