@@ -99,7 +99,7 @@ class StateStoreClient:
         # The newest undelivered change per key, oldest key first: a burst of changes to one
         # key while its handler is busy is delivered as its last change, and the backlog is
         # bounded by the number of observed keys.
-        self._undelivered: dict[bytes, KeyChange] = {}
+        self._undelivered: dict[bytes, list[KeyChange]] = {}
         self._undelivered_event = asyncio.Event()
         self._delivery: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
@@ -337,10 +337,16 @@ class StateStoreClient:
         self._enqueue(change)
 
     def _enqueue(self, change: KeyChange) -> None:
-        if change.key in self._undelivered:
-            # Superseded before delivery: the newest takes the older one's turn.
+        queued = self._undelivered.get(change.key)
+        if queued is None:
+            self._undelivered[change.key] = [change]
+        else:
+            # Superseded before delivery: the newest takes the older ones' turn. But a live
+            # DELETE stays ahead of a SET after it: that the key was gone (a lease that
+            # ended, before our own SET took the lock) is news of its own. At most two.
             log.debug("change of %r superseded before delivery", change.key)
-        self._undelivered[change.key] = change
+            deleted = [c for c in queued if c.kind == "DELETE" and not c.synthetic][:1]
+            self._undelivered[change.key] = [*(deleted if change.kind == "SET" else []), change]
         self._undelivered_event.set()
 
     async def _deliver(self) -> None:
@@ -350,16 +356,16 @@ class StateStoreClient:
                 await self._undelivered_event.wait()
                 continue
             key = next(iter(self._undelivered))
-            change = self._undelivered.pop(key)
-            handler = self._observed.get(key)
-            if handler is None:
-                continue
-            try:
-                result = handler(change)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("change handler failed for %r", change.key)
+            for change in self._undelivered.pop(key):
+                handler = self._observed.get(key)
+                if handler is None:
+                    break
+                try:
+                    result = handler(change)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    log.exception("change handler failed for %r", change.key)
 
     async def _resync(self) -> None:
         """On every connect: catch up in the background, so other hooks need not wait."""

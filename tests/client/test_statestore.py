@@ -328,6 +328,38 @@ async def test_a_burst_of_changes_reaches_a_busy_handler_as_its_newest(
     assert watcher._undelivered == {} and last is not None
 
 
+async def test_a_delete_is_not_superseded_by_a_set_after_it(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    """A lease that ran out, then our own SET taking the lock, both before the handler ran:
+    the DELETE was superseded by the SET, and the instance never learnt that the former
+    lease had ended (it waited out a whole TTL more: the point-to-point soak's 1.99 s
+    without an active at TTL 1 s)."""
+    watcher, writer = await connect("watcher"), await connect("writer")
+    key = unique()
+    seen: list[tuple[str, bytes | None]] = []
+    busy, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_handler(change: KeyChange) -> None:
+        seen.append((change.kind, change.value))
+        busy.set()
+        await release.wait()
+
+    await watcher.observe(key, slow_handler)
+    await writer.set(key, b"former")
+    await asyncio.wait_for(busy.wait(), 5)
+    await writer.delete(key)
+    for value in (b"ours", b"ours again"):
+        await writer.set(key, value)
+    await watcher.get(key)  # a round trip: every notification is in by now
+    release.set()
+    while len(seen) < 3:
+        busy.clear()
+        await asyncio.wait_for(busy.wait(), 5)
+    assert seen == [("SET", b"former"), ("DELETE", None), ("SET", b"ours again")]
+    assert watcher._undelivered == {}
+
+
 async def test_catch_up_survives_an_unexpected_error_and_keys_stay_watched(
     store_backend: StoreBackend,
     connect: Callable[..., asyncio.Future[StateStoreClient]],
