@@ -96,9 +96,10 @@ class StateStoreClient:
         self._pending: dict[bytes, asyncio.Future[Message]] = {}
         self._observed: dict[bytes, ChangeHandler] = {}
         self._seen: dict[bytes, _Seen] = {}
-        # The newest undelivered change per key, oldest key first: a burst of changes to one
-        # key while its handler is busy is delivered as its last change, and the backlog is
-        # bounded by the number of observed keys.
+        # The newest undelivered change per key, oldest key first (behind a live DELETE it
+        # superseded, see _enqueue): a burst of changes to one key while its handler is busy
+        # is delivered as its last change, and the backlog is bounded by twice the number
+        # of observed keys.
         self._undelivered: dict[bytes, list[KeyChange]] = {}
         self._undelivered_event = asyncio.Event()
         self._delivery: asyncio.Task[None] | None = None

@@ -7,10 +7,10 @@ once never write each other's entry back to an older value."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
@@ -18,6 +18,8 @@ from agent.client.session import SessionError
 from agent.controller.interface import Limits, PointValue
 from agent.sync.decisions import Synced
 from agent.sync.record import PointRecord, Refusal, encode_record
+
+R = TypeVar("R")
 
 
 class Written(enum.Enum):
@@ -57,32 +59,28 @@ class DeviceRecord:
         async with self._writing:
             return await self._send()
 
-    @contextlib.asynccontextmanager
-    async def publishing(
+    async def publish_marked(
         self,
         point: str,
         synced: Synced,
         pending: tuple[Synced, ...],
         value: PointValue,
+        publish: Callable[[], Awaitable[R]],
         unanswered: PointValue | None = None,
-    ) -> AsyncIterator[Callable[[], asyncio.Future[Written]]]:
-        """Around a point's publish of `value`: gives what sends the record marked with it,
-        to be called right after the value is sent (both on one connection, the record
-        behind it). No other record is written until the publish is answered: the mark is
-        in that one record only, whose version then tells a takeover that a value the store
-        had before it came before the publish (`decisions.published_marker`)."""
+    ) -> R:
+        """Sends `publish()` (the point's write of `value`) and, right behind it on the same
+        connection, the record marked with `value`; returns the publish's answer. No other
+        record is written until the publish is answered: the mark is in that one record
+        only, whose version then tells a takeover that a value the store had before it came
+        before the publish (`decisions.published_marker`)."""
         async with self._writing:
             self.entries[point] = PointRecord(synced, pending, value, unanswered)
-            sent: list[asyncio.Future[Written]] = []
-
-            def send() -> asyncio.Future[Written]:
-                sent.append(asyncio.ensure_future(self._send()))
-                return sent[-1]
-
+            sent = asyncio.ensure_future(publish())
+            marked = asyncio.ensure_future(self._send())
             try:
-                yield send
+                return await sent
             finally:
-                await asyncio.gather(*sent, return_exceptions=True)
+                await asyncio.gather(marked, return_exceptions=True)
                 self.entries[point] = PointRecord(synced, pending, unanswered=unanswered)
 
     async def _send(self) -> Written:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -53,7 +54,6 @@ from agent.sync.decisions import (
     ApplyToController,
     Decision,
     Ignore,
-    InvalidRemoteValue,
     PublishToStore,
     Record,
     Reject,
@@ -126,9 +126,9 @@ class PointSync:
         self._refused: set[str] = set()  # keys the broker's rules refuse us, said once
         self._takeover: Synced | None = None
         self._published: PointValue | None = None
+        """What the former active's record says it published last (see record.py)."""
         self._unanswered: PointValue | None = None
         """Our own publish whose answer never came, until the point syncs again."""
-        """What the former active's record says it published last (see record.py)."""
         self.reconciled = asyncio.Event()
         """Set once the device was reconciled after the takeover: it is served."""
 
@@ -215,8 +215,9 @@ class PointSync:
         is a candidate for what the controller holds)."""
         if value is None or version is None:
             return
-        with contextlib.suppress(InvalidRemoteValue):
-            self._seen.append(Synced(points.parse(self.point, value), version))
+        parsed = decisions.parsed(self.point, value)
+        if parsed is not None:
+            self._seen.append(Synced(parsed, version))
 
     async def follow_record(self, entry: PointRecord | None) -> None:
         """While standby: the point's entry in the active's sync record, kept as our own
@@ -582,41 +583,36 @@ class PointSync:
         # value in the store is newer, even if this instance dies before the value's
         # version comes back to be recorded. Unless the store refused the value: then the
         # store's value is older than that record (see decisions.published_marker).
-        refused = False
-        unanswered = False
-        async with self.record.publishing(
-            self.name, self.status.synced, self.status.pending, value, self._unanswered
-        ) as send_marked:
-            publish = asyncio.ensure_future(
-                self.lock.fenced_set(
+        try:
+            result = await self.record.publish_marked(
+                self.name,
+                self.status.synced,
+                self.status.pending,
+                value,
+                functools.partial(
+                    self.lock.fenced_set,
                     self.key,
                     points.encode(self.point, value),
                     condition=Condition.NX if only_if_absent else None,
-                )
+                ),
+                self._unanswered,
             )
-            send_marked()
-            try:
-                result = await publish
-            except FencingTokenLowerVersion:
-                refused = True
-            except LockNotHeld:
-                return
-            except (StateStoreError, SessionError) as exc:
-                self._store_failed(exc, self.key, "write")
-                unanswered = isinstance(exc, TimeoutError)
-                if not unanswered:
-                    return
-        if unanswered:
-            # The store may have it: every record from now on says so, until the point
-            # syncs again (a takeover must not take the value for a panel change).
-            self._unanswered = value
-            await self._write_record(self.status.synced, self.status.pending)
-            self.reconcile_soon()
-            return
-        if refused:
+        except FencingTokenLowerVersion:
             # The lock counts the lease lost (a renewal of ours would have explained it).
             self.status.counters.fenced_writes_rejected += 1
             self.log.warning("store refused our write of %s: a newer active wrote", value)
+            return
+        except LockNotHeld:
+            return
+        except (StateStoreError, SessionError) as exc:
+            self._store_failed(exc, self.key, "write")
+            if isinstance(exc, TimeoutError):
+                # Unanswered: the store may have it. Every record from now on says so,
+                # until the point syncs again (a takeover must not take the value for a
+                # panel change).
+                self._unanswered = value
+                await self._write_record(self.status.synced, self.status.pending)
+                self.reconcile_soon()
             return
         self._store_allowed(self.key)
         if not result.applied:

@@ -35,18 +35,25 @@ async def test_the_mark_is_in_the_one_record_behind_the_value() -> None:
     record = DeviceRecord("t01\\synced", lock, lambda: True)  # type: ignore[arg-type]
     record.update("setPoint", Synced(20.0, v(1)), ())
     record.update("mode", Synced("heat", v(2)), ())
-    sibling: asyncio.Future[Written] | None = None
-    async with record.publishing("setPoint", Synced(20.0, v(1)), (), 16.5) as send_marked:
-        publish = asyncio.ensure_future(lock.fenced_set("t01\\setPoint", b"16.5"))
-        send_marked()
-        # Another point syncs while the value is on its way: its record waits.
-        record.update("mode", Synced("cool", v(3)), ())
-        sibling = asyncio.ensure_future(record.write())
-        for _ in range(10):
-            await asyncio.sleep(0)
-        assert [key for key, _ in lock.sent] == ["t01\\setPoint", "t01\\synced"]
-        lock.answer.set()
-        await publish
+    publishing = asyncio.ensure_future(
+        record.publish_marked(
+            "setPoint",
+            Synced(20.0, v(1)),
+            (),
+            16.5,
+            lambda: lock.fenced_set("t01\\setPoint", b"16.5"),
+        )
+    )
+    for _ in range(10):
+        await asyncio.sleep(0)
+    # Another point syncs while the value is on its way: its record waits.
+    record.update("mode", Synced("cool", v(3)), ())
+    sibling = asyncio.ensure_future(record.write())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert [key for key, _ in lock.sent] == ["t01\\setPoint", "t01\\synced"]
+    lock.answer.set()
+    await publishing
     assert await sibling is Written.OK
     marked, after = (json.loads(raw) for key, raw in lock.sent[1:])
     assert marked["published"] == 16.5

@@ -8,16 +8,13 @@ active had published was taken for a panel change and published over the remote 
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 from typing import Any
 
 from agent.client.statestore import KeyChange
 from agent.controller.points import FAN
 from agent.protocol.hlc import Hlc
-from agent.sync.device_record import DeviceRecord
-from agent.sync.point import PointSync
-from agent.sync.state_file import StateFile
+from tests.sync.support import point_sync
 
 
 class HeldFence:
@@ -39,18 +36,7 @@ class HeldFence:
 
 async def test_a_remote_change_during_the_fence_waits_for_the_takeover(tmp_path: Path) -> None:
     store = HeldFence()
-    sync = PointSync(
-        "t01",
-        FAN,
-        "t01\\fan",
-        store,  # type: ignore[arg-type]
-        store,  # type: ignore[arg-type]
-        DeviceRecord("t01\\synced", store, lambda: True),  # type: ignore[arg-type]
-        StateFile(tmp_path, "t01.fan", "fan"),
-        logging.getLogger("test"),
-        lambda: True,
-        lambda state: None,  # type: ignore[arg-type,return-value]
-    )
+    sync = point_sync(tmp_path, FAN, store)
     sync.start()
     taking_over = asyncio.ensure_future(sync.take_over(object(), None))  # type: ignore[arg-type]
     await asyncio.wait_for(store.fencing.wait(), 5)

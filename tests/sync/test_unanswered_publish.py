@@ -8,7 +8,6 @@ point syncs again, and a takeover counts it as a value the store had."""
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,8 @@ from agent.controller.interface import Limits
 from agent.controller.points import SET_POINT
 from agent.protocol.hlc import Hlc
 from agent.sync.decisions import ApplyToController, Synced, reconcile, takeover_base
-from agent.sync.device_record import DeviceRecord
-from agent.sync.point import PointSync
 from agent.sync.record import encode_record, parse_full_record
-from agent.sync.state_file import StateFile
+from tests.sync.support import point_sync
 
 
 def v(n: int) -> Hlc:
@@ -42,19 +39,8 @@ class SlowStore:
 
 async def test_an_unanswered_publish_is_named_in_every_record_after(tmp_path: Path) -> None:
     store = SlowStore()
-    record = DeviceRecord("t01\\synced", store, lambda: True)  # type: ignore[arg-type]
-    sync = PointSync(
-        "t01",
-        SET_POINT,
-        "t01\\setPoint",
-        store,  # type: ignore[arg-type]
-        store,  # type: ignore[arg-type]
-        record,
-        StateFile(tmp_path, "t01", "setPoint"),
-        logging.getLogger("test"),
-        lambda: True,
-        lambda state: None,  # type: ignore[arg-type,return-value]
-    )
+    sync = point_sync(tmp_path, SET_POINT, store)
+    record = sync.record
     sync.status.synced = Synced(22.5, v(1))
     record.update("setPoint", sync.status.synced, ())
     await sync._publish(22.0, "local change")
