@@ -118,7 +118,11 @@ def start_faked_active(rig: Rig, library: str, offset_file: Path) -> AgentProces
 
 
 @pytest.mark.parametrize(
-    "step_s", [pytest.param(-30, id="30s-back"), pytest.param(-3600, id="an-hour-back")]
+    "step_s",
+    [
+        pytest.param(-30, id="30s-back", marks=pytest.mark.slow),
+        pytest.param(-3600, id="an-hour-back"),
+    ],
 )
 def test_wall_clock_step_back_keeps_the_active_renewing(
     rig: Rig, libfaketime: str, tmp_path: Path, step_s: int

@@ -30,8 +30,13 @@ def run_hint(line: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 
 @pytest.mark.parametrize(
     ("args", "driver"),
-    [([], "line"), ([], "modbus"), (["--units", "2"], "line"), (["--units", "2"], "modbus")],
-    ids=["one-line", "one-modbus", "two-line", "two-modbus"],
+    [
+        pytest.param([], "line", id="one-line"),
+        # The others differ in what the first covers (the driver, the count): run with -m slow.
+        pytest.param([], "modbus", id="one-modbus", marks=pytest.mark.slow),
+        pytest.param(["--units", "2"], "line", id="two-line", marks=pytest.mark.slow),
+        pytest.param(["--units", "2"], "modbus", id="two-modbus", marks=pytest.mark.slow),
+    ],
 )
 def test_the_printed_hints_change_a_set_point_and_a_mode_both_ways(
     args: list[str], driver: str

@@ -177,7 +177,7 @@ def frames(process: AgentProcess, count: int) -> list[list[str]]:
     ]
 
 
-@pytest.mark.parametrize("units", [8, 32])
+@pytest.mark.parametrize("units", [pytest.param(8, marks=pytest.mark.slow), 32])
 def test_simulate_fits_80x24(units: int) -> None:
     """A line of 8 is listed whole; one of 32 as the devices with a problem (none) and a
     count of the others."""
