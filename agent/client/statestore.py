@@ -102,6 +102,8 @@ class StateStoreClient:
         # of observed keys.
         self._undelivered: dict[bytes, list[KeyChange]] = {}
         self._undelivered_event = asyncio.Event()
+        # Per observed key, see delivered_since.
+        self._delivered_since: dict[bytes, Hlc | None] = {}
         self._delivery: asyncio.Task[None] | None = None
         self._resync_task: asyncio.Task[None] | None = None
         self._started = False
@@ -214,17 +216,33 @@ class StateStoreClient:
         """
         raw = _bytes(key)
         self._observed[raw] = handler
+        self._delivered_since[raw] = None
         await self._keynotify(raw, stop=False, timeout=timeout)
         value, version = await self.get(raw, timeout=timeout)
         seen = self._seen.get(raw)
         if seen is None or _newer(version, seen.version):
             self._seen[raw] = _Seen(value, version)
+        self._watched_from(raw, version)
         return value, version
+
+    def delivered_since(self, key: bytes | str) -> Hlc | None:
+        """A version after which every change of an observed key is delivered (or queued to
+        be): a change older than it may have been missed (before the key was observed, while
+        the connection was down, or superseded before delivery). None when that cannot be
+        said: not observed, not caught up since a reconnect, or the key absent when it was
+        read."""
+        return self._delivered_since.get(_bytes(key))
+
+    def _watched_from(self, key: bytes, version: Hlc | None) -> None:
+        """Registered, then read at `version`: every later change is notified."""
+        if key in self._observed:
+            self._delivered_since[key] = version
 
     async def unobserve(self, key: bytes | str, *, timeout: float | None = None) -> None:
         raw = _bytes(key)
         self._observed.pop(raw, None)
         self._seen.pop(raw, None)
+        self._delivered_since.pop(raw, None)
         if self.session.connected:
             await self._keynotify(raw, stop=True, timeout=timeout)
 
@@ -346,9 +364,23 @@ class StateStoreClient:
             # DELETE stays ahead of a SET after it: that the key was gone (a lease that
             # ended, before our own SET took the lock) is news of its own. At most two.
             log.debug("change of %r superseded before delivery", change.key)
+            self._missed(change.key, [c for c in queued if c.kind == "SET"])
             deleted = [c for c in queued if c.kind == "DELETE" and not c.synthetic][:1]
             self._undelivered[change.key] = [*(deleted if change.kind == "SET" else []), change]
         self._undelivered_event.set()
+
+    def _missed(self, key: bytes, changes: list[KeyChange]) -> None:
+        """Changes of `key` never to be delivered: nothing older than the newest of them
+        can be said to be delivered any more."""
+        if not changes or key not in self._delivered_since:
+            return
+        since = self._delivered_since[key]
+        for change in changes:
+            if since is None or change.version is None:
+                since = None
+                break
+            since = max(since, change.version)
+        self._delivered_since[key] = since
 
     async def _deliver(self) -> None:
         while True:
@@ -372,6 +404,9 @@ class StateStoreClient:
         """On every connect: catch up in the background, so other hooks need not wait."""
         if self._resync_task is not None:
             self._resync_task.cancel()
+        # Changes made while the connection was down were never notified.
+        for key in self._delivered_since:
+            self._delivered_since[key] = None
         if self._observed:
             self._resync_task = asyncio.create_task(self._catch_up(), name="statestore-resync")
 
@@ -407,6 +442,7 @@ class StateStoreClient:
                 await backoff.sleep()
 
     def _catch_up_key(self, key: bytes, value: bytes | None, version: Hlc | None) -> None:
+        self._watched_from(key, version)
         seen = self._seen.get(key)
         if seen is not None:
             unchanged = (seen.value, seen.version) == (value, version)

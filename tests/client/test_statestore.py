@@ -294,6 +294,8 @@ async def test_broker_restart_while_observing(
     change = await changes.next(within=10)
     assert (change.key, change.kind, change.value) == (key, "SET", b"set-while-away")
     assert change.synthetic and change.version is not None
+    # Nothing before the catch-up's reading is known to be delivered any more.
+    assert client.delivered_since(key) == change.version
     # Registrations are back: a live change arrives as a notification.
     await client.set(key, b"after")
     change = await changes.next()
@@ -358,6 +360,35 @@ async def test_a_delete_is_not_superseded_by_a_set_after_it(
         await asyncio.wait_for(busy.wait(), 5)
     assert seen == [("SET", b"former"), ("DELETE", None), ("SET", b"ours again")]
     assert watcher._undelivered == {}
+
+
+async def test_delivered_since_tells_from_which_version_no_change_was_missed(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    """What a takeover needs to trust what it saw of a key (a publish it never saw there
+    never reached the store): changes before the watch began, and changes superseded
+    before delivery, were missed."""
+    watcher, writer = await connect("watcher"), await connect("writer")
+    key = unique()
+    first = await writer.set(key, b"0")
+    busy, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_handler(change: KeyChange) -> None:
+        busy.set()
+        await release.wait()
+
+    assert watcher.delivered_since(key) is None  # not watched
+    await watcher.observe(key, slow_handler)
+    assert watcher.delivered_since(key) == first.version
+    await writer.set(key, b"1")
+    await asyncio.wait_for(busy.wait(), 5)  # the handler holds "1"
+    superseded = await writer.set(key, b"2")
+    await writer.set(key, b"3")
+    await watcher.get(key)  # a round trip: every notification is in by now
+    assert watcher.delivered_since(key) == superseded.version
+    release.set()
+    await watcher.unobserve(key)
+    assert watcher.delivered_since(key) is None
 
 
 async def test_catch_up_survives_an_unexpected_error_and_keys_stay_watched(
