@@ -95,6 +95,7 @@ async def watch_device(
                 extra={"device": device_id},
             )
             return False, None
+        sync.saw_in_store(point, value, version)
         sync.follow_value(point, value, version)
         if point == "setPoint":
             store_seen(device_id, value, version)

@@ -254,19 +254,25 @@ def published_marker(
     marked_at: Hlc | None,
     store_value: PointValue | None,
     store_version: Hlc | None,
+    reached: bool | None = None,
 ) -> PointValue | None:
-    """The record's `published` marker, if the store can have had that value before the
-    record: None when the store's value was written before the record (`marked_at`, the
-    record's version) and is not the marked one. The publish then never reached the store:
-    the store refused it (a remote change with a newer token was there first) and the
-    former active had no time to say so. Its controller's value is a panel change still to
-    publish, not a value the store had.
+    """The record's `published` marker, if the store had that value before the record; None
+    when it never did: the store refused the publish (a remote change with a newer token
+    was there first) and the former active had no time to say so. Its controller's value
+    is a panel change still to publish, not a value the store had.
 
-    (A remote change landing between the value and the record, both sent at once on one
+    `reached`: what this instance saw of the key (`history.StoreHistory.reached_store`),
+    which decides when it knows. Otherwise the store's value: one written before the record
+    (`marked_at`, the record's version) that is not the marked one means a refusal. (A
+    remote change landing between the value and the record, both sent at once on one
     connection, looks the same: taken for a refusal, the panel change is published over it.
     And a refused publish followed by a remote change after the record looks like an
     accepted one: the remote change is applied. Documented in design.md.)"""
-    if published is None or marked_at is None or store_version is None:
+    if published is None or reached is True:
+        return published
+    if reached is False:
+        return None
+    if marked_at is None or store_version is None:
         return published
     if store_version < marked_at and not same(store_value, published):
         return None

@@ -25,6 +25,7 @@ from agent.client.statestore import KeyChange, StateStoreClient
 from agent.controller import points
 from agent.controller.interface import Controller, ControllerState, PointValue
 from agent.controller.profile import SET_POINT_ONLY, Profile
+from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Rules
 from agent.sync.device_record import DeviceRecord
 from agent.sync.point import PointSync
@@ -184,6 +185,9 @@ class DeviceSync:
 
     def remote_changed(self, point: str, change: KeyChange) -> None:
         self.points[point].remote_changed(change)
+
+    def saw_in_store(self, point: str, value: bytes | None, version: Hlc | None) -> None:
+        self.points[point].saw_in_store(value, version)
 
     def follow_value(self, point: str, value: bytes | None, version: Any) -> None:
         self.points[point].follow_value(value, version)

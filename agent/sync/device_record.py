@@ -72,9 +72,12 @@ class DeviceRecord:
         connection, the record marked with `value`; returns the publish's answer. No other
         record is written until the publish is answered: the mark is in that one record
         only, whose version then tells a takeover that a value the store had before it came
-        before the publish (`decisions.published_marker`)."""
+        before the publish (`decisions.published_marker`), and beside the mark the lock's token
+        as the publish goes out: the store gives the publish a newer version, if it takes it
+        (record.PointRecord.published_after)."""
         async with self._writing:
-            self.entries[point] = PointRecord(synced, pending, value, unanswered)
+            token = self.lock.token
+            self.entries[point] = PointRecord(synced, pending, value, unanswered, token)
             sent = asyncio.ensure_future(publish())
             marked = asyncio.ensure_future(self._send())
             try:
@@ -100,6 +103,7 @@ class DeviceRecord:
             refused=self.refused,
             published=setpoint.published,
             unanswered=setpoint.unanswered,
+            published_after=setpoint.published_after,
         )
         try:
             await self.lock.fenced_set(self.key, raw)

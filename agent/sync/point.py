@@ -61,6 +61,7 @@ from agent.sync.decisions import (
     Synced,
 )
 from agent.sync.device_record import DeviceRecord, Written
+from agent.sync.history import StoreHistory
 from agent.sync.record import PointRecord, Refusal
 from agent.sync.state_file import StateFile
 from agent.sync.status import SyncStatus
@@ -116,6 +117,8 @@ class PointSync:
         self._may_write = may_write
         self._busy = asyncio.Lock()
         self._seen: deque[Synced] = deque(maxlen=SEEN_WHILE_STANDBY)
+        self.history = StoreHistory()
+        """Every change of the key delivered to this instance, in either role."""
         self.controller: Controller | None = None
         # The mailbox: the newest of each kind of work, and what wakes the worker.
         self._remote: tuple[float, KeyChange] | None = None  # (arrived, monotonic), change
@@ -219,6 +222,11 @@ class PointSync:
         if parsed is not None:
             self._seen.append(Synced(parsed, version))
 
+    def saw_in_store(self, value: bytes | None, version: Hlc | None) -> None:
+        """A change of the key delivered to this instance (or its value when the watch
+        began), active or standby."""
+        self.history.saw(decisions.parsed(self.point, value), version)
+
     async def follow_record(self, entry: PointRecord | None) -> None:
         """While standby: the point's entry in the active's sync record, kept as our own
         last synced state (on disk too), so that a restart or a takeover knows it even if
@@ -260,20 +268,21 @@ class PointSync:
                 (*self.status.pending, *entry.pending), self.status.synced
             )
         synced = self.status.synced if entry is None else entry.synced
-        if entry is not None and entry.published is not None:
-            self._published = decisions.published_marker(
-                entry.published, marked_at, decisions.parsed(self.point, store_raw), store_version
+        if entry is not None:
+            self._published = self.history.former_publish(
+                entry,
+                marked_at,
+                decisions.parsed(self.point, store_raw),
+                store_version,
+                self.client.delivered_since(self.key),
             )
-            if self._published is None:
+            if entry.published is not None and self._published is None:
                 self.log.info(
                     "takeover: the former active's publish of %s %s never reached the store "
                     "(refused): the controller's value is a panel change still to publish",
                     self._what,
                     entry.published,
                 )
-        if entry is not None and entry.unanswered is not None and self._published is None:
-            # Its answer never came: the store may have had it, so it is no panel change.
-            self._published = entry.unanswered
         self._takeover = synced
         self._wake.set()
         return store_version is not None and (

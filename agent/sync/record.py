@@ -27,6 +27,10 @@ store's value is older than the record, then the store refused 28.5 (see
 `decisions.published_marker`). A publish whose answer never came (timed out) is named in
 every record after as `"unanswered":28.5`, until the point syncs again: the store may have
 28.5, and whoever takes over counts it so.
+
+Beside `"published"`, `"publishedAfter"` is the token the publish went out with: older than
+the version the store gave it, if it took it. A takeover that watched the key all along
+knows from it whether the store did (see `history.StoreHistory.reached_store`).
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ class PointRecord:
     unanswered: PointValue | None = None
     """A value the active published whose answer never came (timed out): the store may
     have it. Kept in every record after, until the point syncs again."""
+    published_after: Hlc | None = None
+    """Beside `published`: the token the publish was sent with, older than the version the
+    store gave it, if it took it (see history.StoreHistory.reached_store)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +94,14 @@ class SyncRecord:
     """The set point's: see PointRecord.published."""
     unanswered: PointValue | None = None
     """The set point's: see PointRecord.unanswered."""
+    published_after: Hlc | None = None
+    """The set point's: see PointRecord.published_after."""
 
     def point(self, name: str) -> PointRecord | None:
         if name == "setPoint":
-            return PointRecord(self.synced, self.pending, self.published, self.unanswered)
+            return PointRecord(
+                self.synced, self.pending, self.published, self.unanswered, self.published_after
+            )
         return self.points.get(name)
 
 
@@ -103,10 +114,13 @@ def encode_record(
     refused: Refusal | None = None,
     published: PointValue | None = None,
     unanswered: PointValue | None = None,
+    published_after: Hlc | None = None,
 ) -> bytes:
     if synced.value is None or synced.version is None:
         raise ValueError("only a complete sync (value and version) is recorded")
-    data: dict[str, Any] = _point_entry(PointRecord(synced, pending, published, unanswered))
+    data: dict[str, Any] = _point_entry(
+        PointRecord(synced, pending, published, unanswered, published_after)
+    )
     if points:
         data["points"] = {
             name: _point_entry(entry)
@@ -131,6 +145,8 @@ def _point_entry(entry: PointRecord) -> dict[str, Any]:
         data["pending"] = [_entry(write) for write in entry.pending[-MAX_PENDING:]]
     if entry.published is not None:
         data["published"] = entry.published
+        if entry.published_after is not None:
+            data["publishedAfter"] = str(entry.published_after)
     if entry.unanswered is not None:
         data["unanswered"] = entry.unanswered
     return data
@@ -166,6 +182,7 @@ def parse_full_record(raw: bytes) -> SyncRecord:
                     _parse_pending(entry, name),
                     _parse_published(entry, name),
                     _parse_published(entry, name, "unanswered"),
+                    _parse_version(entry, "publishedAfter"),
                 )
                 for name, entry in entries.items()
                 if name in POINTS and name != "setPoint"
@@ -174,6 +191,7 @@ def parse_full_record(raw: bytes) -> SyncRecord:
             _parse_refusal(data.get("refused")),
             _parse_published(data, "setPoint"),
             _parse_published(data, "setPoint", "unanswered"),
+            _parse_version(data, "publishedAfter"),
         )
     except InvalidRecord:
         raise
@@ -192,6 +210,15 @@ def _parse_pending(data: Any, name: str) -> tuple[Synced, ...]:
 def _parse_published(data: Any, name: str, key: str = "published") -> PointValue | None:
     value = data.get(key)
     return None if value is None else point_value(name, value)
+
+
+def _parse_version(data: Any, key: str) -> Hlc | None:
+    version = data.get(key)
+    if version is None:
+        return None
+    if not isinstance(version, str):
+        raise InvalidRecord("a version is a text")
+    return Hlc.parse(version)
 
 
 def _parse_entry(data: Any, name: str) -> Synced:

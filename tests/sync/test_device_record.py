@@ -19,6 +19,7 @@ class HeldLock:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
         self.answer = asyncio.Event()
+        self.token = Hlc(1_700_000_000_000, 7, "s")
 
     async def fenced_set(self, key: str, value: bytes, **_: Any) -> Any:
         self.sent.append((key, value))
@@ -57,4 +58,9 @@ async def test_the_mark_is_in_the_one_record_behind_the_value() -> None:
     assert await sibling is Written.OK
     marked, after = (json.loads(raw) for key, raw in lock.sent[1:])
     assert marked["published"] == 16.5
-    assert "published" not in after and after["points"]["mode"]["value"] == "cool"
+    assert marked["publishedAfter"] == str(lock.token)  # the token the value went out with
+    assert (
+        "published" not in after
+        and "publishedAfter" not in after
+        and after["points"]["mode"]["value"] == "cool"
+    )

@@ -29,6 +29,7 @@ class SlowStore:
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
+        self.token = v(0)
 
     async def fenced_set(self, key: str, value: bytes, **_: Any) -> Any:
         if key.endswith("\\setPoint"):
