@@ -226,12 +226,18 @@ class StateStoreClient:
         return value, version
 
     def delivered_since(self, key: bytes | str) -> Hlc | None:
-        """A version after which every change of an observed key is delivered (or queued to
-        be): a change older than it may have been missed (before the key was observed, while
-        the connection was down, or superseded before delivery). None when that cannot be
-        said: not observed, not caught up since a reconnect, or the key absent when it was
-        read."""
-        return self._delivered_since.get(_bytes(key))
+        """A version after which every change of an observed key has been delivered to its
+        handler: a change older than it may have been missed (before the key was observed,
+        while the connection was down, superseded before delivery) or not be delivered yet.
+        None when that cannot be said: not observed, not caught up since a reconnect, or the
+        key absent when it was read."""
+        raw = _bytes(key)
+        since = self._delivered_since.get(raw)
+        for change in self._undelivered.get(raw, ()):
+            if since is None or change.version is None:
+                return None
+            since = max(since, change.version)
+        return since
 
     def _watched_from(self, key: bytes, version: Hlc | None) -> None:
         """Registered, then read at `version`: every later change is notified."""

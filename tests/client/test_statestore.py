@@ -383,10 +383,14 @@ async def test_delivered_since_tells_from_which_version_no_change_was_missed(
     await writer.set(key, b"1")
     await asyncio.wait_for(busy.wait(), 5)  # the handler holds "1"
     superseded = await writer.set(key, b"2")
-    await writer.set(key, b"3")
+    queued = await writer.set(key, b"3")
     await watcher.get(key)  # a round trip: every notification is in by now
-    assert watcher.delivered_since(key) == superseded.version
+    assert watcher.delivered_since(key) == queued.version  # "3" is not delivered yet
     release.set()
+    async with asyncio.timeout(5):
+        while watcher._undelivered:
+            await asyncio.sleep(0)
+    assert watcher.delivered_since(key) == superseded.version
     await watcher.unobserve(key)
     assert watcher.delivered_since(key) is None
 
