@@ -386,10 +386,9 @@ async def test_delivered_since_tells_from_which_version_no_change_was_missed(
     queued = await writer.set(key, b"3")
     await watcher.get(key)  # a round trip: every notification is in by now
     assert watcher.delivered_since(key) == queued.version  # "3" is not delivered yet
+    busy.clear()
     release.set()
-    async with asyncio.timeout(5):
-        while watcher._undelivered:
-            await asyncio.sleep(0)
+    await asyncio.wait_for(busy.wait(), 5)  # "3" reaches the handler
     assert watcher.delivered_since(key) == superseded.version
     await watcher.unobserve(key)
     assert watcher.delivered_since(key) is None
