@@ -39,7 +39,8 @@ PANEL: dict[str, PointValue] = {
 assert all(REMOTE[p] != AT_START[p] and PANEL[p] != AT_START[p] for p in WRITABLE)
 
 
-@pytest.fixture(params=["line", "modbus"])
+# Modbus RTU the same way with -m slow: the drivers' point codecs are tested on their own.
+@pytest.fixture(params=["line", pytest.param("modbus", marks=pytest.mark.slow)])
 def line(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PointsRig]:
     rig = PointsRig(tmp_path, UNITS, modbus=request.param == "modbus")
     try:
