@@ -532,7 +532,6 @@ class PointSync:
     async def _apply(
         self, decision: ApplyToController, controller_value: PointValue, read_after: float
     ) -> ControllerState | None:
-        assert self.controller is not None
         intent = Synced(decision.value, decision.version)
         pending = decisions.still_pending((*self.status.pending, intent), self.status.synced)
         # The write is recorded before it goes out: a write whose answer never comes, or
@@ -542,8 +541,12 @@ class PointSync:
             return None
         self.status.pending = pending
         await self._save_locally()
+        controller = self.controller
+        if controller is None:  # handed back while the record was written (stepped down)
+            self._forget_pending(intent)
+            return None
         try:
-            readback = await self.controller.write_point(
+            readback = await controller.write_point(
                 self.name,
                 decision.value,
                 allowed=self._may_write,
