@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import math
@@ -58,7 +59,13 @@ class KeyChange:
     value: bytes | None
     version: Hlc | None
     synthetic: bool = False  # found by the catch-up GET after a reconnect
+    earlier: tuple[tuple[bytes | None, Hlc | None], ...] = ()
+    """The values and versions of the key that this change took the place of before it was
+    delivered (a burst while the handler was busy), oldest first; at most EARLIER_KEPT."""
 
+
+EARLIER_KEPT = 16
+"""Superseded values a change carries: older ones are missed (see delivered_since)."""
 
 ChangeHandler = Callable[[KeyChange], Awaitable[None] | None]
 
@@ -228,7 +235,8 @@ class StateStoreClient:
     def delivered_since(self, key: bytes | str) -> Hlc | None:
         """A version after which every change of an observed key has been delivered to its
         handler: a change older than it may have been missed (before the key was observed,
-        while the connection was down, superseded before delivery) or not be delivered yet.
+        while the connection was down, superseded before delivery and not carried by the
+        change that took its place, see KeyChange.earlier) or not be delivered yet.
         None when that cannot be said: not observed, not caught up since a reconnect, or the
         key absent when it was read."""
         raw = _bytes(key)
@@ -370,22 +378,31 @@ class StateStoreClient:
             # DELETE stays ahead of a SET after it: that the key was gone (a lease that
             # ended, before our own SET took the lock) is news of its own. At most two.
             log.debug("change of %r superseded before delivery", change.key)
-            self._missed(change.key, [c for c in queued if c.kind == "SET"])
+            earlier = [
+                e for c in queued if c.kind == "SET" for e in (*c.earlier, (c.value, c.version))
+            ]
+            if change.kind == "SET":
+                # Carried by the change that took their place, for a handler that keeps
+                # every value the key had (a takeover asks whether one was ever there).
+                split = max(0, len(earlier) + len(change.earlier) - EARLIER_KEPT)
+                carried, earlier = earlier[split:], earlier[:split]
+                change = dataclasses.replace(change, earlier=(*carried, *change.earlier))
+            self._missed(change.key, [version for _, version in earlier])
             deleted = [c for c in queued if c.kind == "DELETE" and not c.synthetic][:1]
             self._undelivered[change.key] = [*(deleted if change.kind == "SET" else []), change]
         self._undelivered_event.set()
 
-    def _missed(self, key: bytes, changes: list[KeyChange]) -> None:
-        """Changes of `key` never to be delivered: nothing older than the newest of them
-        can be said to be delivered any more."""
-        if not changes or key not in self._delivered_since:
+    def _missed(self, key: bytes, versions: list[Hlc | None]) -> None:
+        """Changes of `key` (their versions) never to be delivered: nothing older than the
+        newest of them can be said to be delivered any more."""
+        if not versions or key not in self._delivered_since:
             return
         since = self._delivered_since[key]
-        for change in changes:
-            if since is None or change.version is None:
+        for version in versions:
+            if since is None or version is None:
                 since = None
                 break
-            since = max(since, change.version)
+            since = max(since, version)
         self._delivered_since[key] = since
 
     async def _deliver(self) -> None:

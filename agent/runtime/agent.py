@@ -426,7 +426,8 @@ class Agent:
         sync = self.devices.get(device_id)
         if sync is None or point not in sync.points:
             return
-        sync.saw_in_store(point, change.value, change.version)
+        for value, version in (*change.earlier, (change.value, change.version)):
+            sync.saw_in_store(point, value, version)
         if self.role is Role.ACTIVE and sync.controller is not None:
             sync.remote_changed(point, change)
         else:

@@ -12,7 +12,7 @@ import pytest
 
 from agent.client import errors
 from agent.client.session import Message, NotConnected, Session
-from agent.client.statestore import Condition, KeyChange, StateStoreClient
+from agent.client.statestore import EARLIER_KEPT, Condition, KeyChange, StateStoreClient
 from agent.protocol import topics
 from agent.protocol.hlc import Hlc
 from agent.protocol.resp3 import Notification, encode_notification
@@ -366,14 +366,18 @@ async def test_delivered_since_tells_from_which_version_no_change_was_missed(
     connect: Callable[..., asyncio.Future[StateStoreClient]],
 ) -> None:
     """What a takeover needs to trust what it saw of a key (a publish it never saw there
-    never reached the store): changes before the watch began, and changes superseded
-    before delivery, were missed."""
+    never reached the store): changes before the watch began were missed; changes
+    superseded before delivery come with the change that took their place, up to a bound
+    (a soak's takeover lost a panel change when they were dropped)."""
     watcher, writer = await connect("watcher"), await connect("writer")
     key = unique()
     first = await writer.set(key, b"0")
     busy, release = asyncio.Event(), asyncio.Event()
 
+    delivered: list[KeyChange] = []
+
     async def slow_handler(change: KeyChange) -> None:
+        delivered.append(change)
         busy.set()
         await release.wait()
 
@@ -388,8 +392,23 @@ async def test_delivered_since_tells_from_which_version_no_change_was_missed(
     assert watcher.delivered_since(key) == queued.version  # "3" is not delivered yet
     busy.clear()
     release.set()
-    await asyncio.wait_for(busy.wait(), 5)  # "3" reaches the handler
-    assert watcher.delivered_since(key) == superseded.version
+    await asyncio.wait_for(busy.wait(), 5)  # "3" reaches the handler, carrying "2"
+    assert delivered[-1].earlier == ((b"2", superseded.version),)
+    assert watcher.delivered_since(key) == first.version  # nothing missed
+    # A burst longer than a change carries: the oldest are missed.
+    busy.clear()
+    release.clear()
+    await writer.set(key, b"4")
+    await asyncio.wait_for(busy.wait(), 5)  # the handler holds "4"
+    burst = [await writer.set(key, b"%d" % n) for n in range(5, 7 + EARLIER_KEPT)]
+    await watcher.get(key)
+    busy.clear()
+    release.set()
+    await asyncio.wait_for(busy.wait(), 5)
+    assert [value for value, _ in delivered[-1].earlier] == [
+        b"%d" % n for n in range(6, 6 + EARLIER_KEPT)
+    ] and delivered[-1].value == b"%d" % (6 + EARLIER_KEPT)
+    assert watcher.delivered_since(key) == burst[0].version
     await watcher.unobserve(key)
     assert watcher.delivered_since(key) is None
 
