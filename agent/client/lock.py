@@ -34,6 +34,10 @@ RENEWALS_PER_TTL = 3
 nothing."""
 
 
+_FENCED_WRITE_ATTEMPTS = 4
+"""A fenced write sent again after refusals its own renewals explain, at most."""
+
+
 def renewal_period_s(ttl_ms: int) -> float:
     return ttl_ms / 1000 / RENEWALS_PER_TTL
 
@@ -241,42 +245,38 @@ class LeasedLock:
         token = self.token
         if token is None:
             raise LockNotHeld(f"{self.key!r} is not held")
-        try:
-            return await self.client.set(
-                key, value, condition=condition, fencing_token=token, timeout=timeout
-            )
-        except FencingTokenLowerVersion:
-            holder, version = await self.client.get(self.key, timeout=timeout)
-            # Explained when the newer token is a renewal of this lease: one whose answer
-            # has not come back yet, or one that came back while this write was on its way
-            # (our token is that version already). Another's lock is a loss.
-            current = self._token
-            explained = (
-                holder == self.holder
-                and version is not None
-                and version > token
-                and self.held
-                and current is not None
-                and (self._unanswered_since is not None or current >= version)
-            )
-            if not explained:
-                if holder == self.holder and version == token and self.held:
-                    # The lock's version is still our token (read after the refusal):
-                    # no holder of this lock ever wrote with a newer one. Another lock's
-                    # holder did.
-                    raise FencedByAnotherLock(_bytes(key), self.key) from None
-                self._lose(LossReason.FENCED_WRITE_REJECTED)
-                raise
-        assert version is not None and self._token is not None
-        version = max(version, self._token)
-        self._token = version
-        try:
-            return await self.client.set(
-                key, value, condition=condition, fencing_token=version, timeout=timeout
-            )
-        except FencingTokenLowerVersion:
-            self._lose(LossReason.FENCED_WRITE_REJECTED)
-            raise
+        for attempt in range(_FENCED_WRITE_ATTEMPTS):
+            try:
+                return await self.client.set(
+                    key, value, condition=condition, fencing_token=token, timeout=timeout
+                )
+            except FencingTokenLowerVersion:
+                holder, version = await self.client.get(self.key, timeout=timeout)
+                # Explained when the newer token is a renewal of this lease: one whose
+                # answer has not come back yet, or one that came back while this write was
+                # on its way (our token is that version already). On a slow link renewals
+                # follow each other faster than their answers: the write can be refused
+                # again, by the next one. Another's lock is a loss.
+                current = self._token
+                explained = (
+                    holder == self.holder
+                    and version is not None
+                    and version > token
+                    and self.held
+                    and current is not None
+                    and (self._unanswered_since is not None or current >= version)
+                )
+                if not explained or attempt == _FENCED_WRITE_ATTEMPTS - 1:
+                    if holder == self.holder and version == token and self.held:
+                        # The lock's version is still our token (read after the refusal):
+                        # no holder of this lock ever wrote with a newer one. Another
+                        # lock's holder did.
+                        raise FencedByAnotherLock(_bytes(key), self.key) from None
+                    self._lose(LossReason.FENCED_WRITE_REJECTED)
+                    raise
+                assert version is not None and current is not None
+                token = self._token = max(version, current)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     def report_fenced_write_rejected(self) -> None:
         self._lose(LossReason.FENCED_WRITE_REJECTED)

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from agent.client.lock import (
     process_holder,
 )
 from agent.client.session import Session
-from agent.client.statestore import KeyChange, StateStoreClient
+from agent.client.statestore import Condition, KeyChange, StateStoreClient
 from agent.protocol.hlc import Hlc
 from tests.support.store_backends import StoreBackend
 
@@ -209,6 +210,43 @@ async def test_rejection_by_our_own_newer_version_is_not_a_loss(connect: Connect
     assert losses.reasons == []
     # The renewal's answer arriving late with the adopted version is no loss either.
     assert await lock.renew() is not None and losses.reasons == []
+
+
+async def test_a_write_refused_again_by_the_next_renewal_is_not_a_loss(connect: Connect) -> None:
+    """On a slow link renewals follow each other faster than their answers: the write sent
+    again with the version read after its refusal is refused by the next renewal. The
+    30-minute soak saw an active step down for it, with nobody else holding the lock."""
+    holder, remote = await connect("holder"), await connect("remote")
+    key = lock_key()
+    data = key.replace("lock", "setPoint")
+    lock = LeasedLock(holder, key, "me")
+    losses = Losses()
+    lock.on_lost(losses)
+    assert await lock.try_acquire(5000) is not None
+
+    async def renewal_not_heard_of(remote_value: bytes) -> None:
+        # Our renewal, as the store takes it; its answer is still on the slow link.
+        renewed = await remote.set(key, b"me", condition=Condition.NEX, expiry_ms=5000)
+        assert renewed.applied and renewed.version is not None
+        assert (await remote.set(data, remote_value, fencing_token=renewed.version)).applied
+
+    lock._unanswered_since = time.monotonic()
+    await renewal_not_heard_of(b"21")
+    real_get = holder.get
+    reads = 0
+
+    async def another_renewal_after_the_read(target: bytes | str, **kwargs: Any) -> Any:
+        nonlocal reads
+        answer = await real_get(target, **kwargs)
+        reads += 1
+        if reads == 1:
+            await renewal_not_heard_of(b"22")
+        return answer
+
+    holder.get = another_renewal_after_the_read  # type: ignore[method-assign]
+    assert (await lock.fenced_set(data, b"23")).applied
+    assert reads == 2 and losses.reasons == []
+    assert (await remote.get(data))[0] == b"23"
 
 
 async def test_rejection_by_a_renewal_answered_meanwhile_is_not_a_loss(connect: Connect) -> None:
