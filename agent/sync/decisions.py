@@ -231,10 +231,14 @@ def still_pending(pending: Iterable[Synced], synced: Synced) -> tuple[Synced, ..
 
 
 def newer(a: Synced, b: Synced) -> Synced:
-    """The one of two syncs with the newer version (a versionless sync is the oldest)."""
+    """The one of two syncs with the newer version (a versionless sync is the oldest); the
+    second on a tie. Two values at one version: a takeover that took the former active's
+    marked publish as synced kept the version it had (`takeover_base`). The second, a
+    sync record, says what its writer made of it later than the first, this instance's
+    own, knew."""
     if b.version is None or b.value is None:
         return a
-    if a.version is None or a.value is None or b.version > a.version:
+    if a.version is None or a.value is None or b.version >= a.version:
         return b
     return a
 

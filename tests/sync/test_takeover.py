@@ -11,6 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from agent.controller.interface import Limits
+from agent.controller.points import MODE
 from agent.protocol.hlc import Hlc
 from agent.sync.decisions import (
     ApplyToController,
@@ -18,6 +19,7 @@ from agent.sync.decisions import (
     Ignore,
     PublishToStore,
     Record,
+    Rules,
     Synced,
     encode_setpoint,
     published_marker,
@@ -105,6 +107,19 @@ def test_a_value_the_controller_holds_that_reached_the_store_after_the_record() 
 def test_seen_values_older_than_the_record_do_not_count() -> None:
     record = Synced(20.0, v(5))
     assert takeover_base(Synced(), record, [Synced(22.0, v(2))], 22.0) == record
+
+
+def test_the_record_wins_over_our_own_sync_at_the_same_version() -> None:
+    """The 30-minute soak's lost mode: this instance, active before, had taken the former
+    active's marked publish (heat) as synced at the version it had; the next active did the
+    same with its own marked publish (auto), at that same version. Taking over again with
+    heat at the panel (turned there meanwhile), our own heat won the tie, and the panel
+    change passed for no change: the store's later remote change was applied over it."""
+    own, record = Synced("heat", v(5)), Synced("auto", v(5))
+    base = takeover_base(own, record, [], "heat")
+    assert base == record
+    decision = reconcile(base, b"cool", v(7), "heat", Rules(MODE))
+    assert isinstance(decision, PublishToStore) and decision.value == "heat"
 
 
 # ------------------------------------------------------------------ a simulated failover
