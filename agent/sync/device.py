@@ -26,7 +26,7 @@ from agent.controller import points
 from agent.controller.interface import Controller, ControllerState, PointValue
 from agent.controller.profile import SET_POINT_ONLY, Profile
 from agent.protocol.hlc import Hlc
-from agent.sync.decisions import Rules
+from agent.sync.decisions import Rules, parsed
 from agent.sync.device_record import DeviceRecord
 from agent.sync.point import PointSync
 from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
@@ -187,7 +187,10 @@ class DeviceSync:
         self.points[point].remote_changed(change)
 
     def saw_in_store(self, point: str, value: bytes | None, version: Hlc | None) -> None:
-        self.points[point].saw_in_store(value, version)
+        """A change of a point's key delivered to this instance (or its value when the
+        watch began), active or standby: kept in the point's history."""
+        sync = self.points[point]
+        sync.history.saw(parsed(sync.point, value), version)
 
     def follow_value(self, point: str, value: bytes | None, version: Any) -> None:
         self.points[point].follow_value(value, version)

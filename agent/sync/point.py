@@ -222,11 +222,6 @@ class PointSync:
         if parsed is not None:
             self._seen.append(Synced(parsed, version))
 
-    def saw_in_store(self, value: bytes | None, version: Hlc | None) -> None:
-        """A change of the key delivered to this instance (or its value when the watch
-        began), active or standby."""
-        self.history.saw(decisions.parsed(self.point, value), version)
-
     async def follow_record(self, entry: PointRecord | None) -> None:
         """While standby: the point's entry in the active's sync record, kept as our own
         last synced state (on disk too), so that a restart or a takeover knows it even if

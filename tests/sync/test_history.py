@@ -124,7 +124,7 @@ async def test_a_takeover_counts_the_marked_publish_as_it_saw_the_key(
         seen.insert(2, (b"16.5", 5))  # in the store right before the record
         seen[3:] = [(b"23.0", 7)]
     for raw, version in seen:
-        sync.saw_in_store(raw, v(version))
+        sync.history.saw(float(raw), v(version))
     entry = PointRecord(Synced(18.0, v(1)), published=16.5, published_after=v(3))
     marked_at = v(6) if accepted else v(5)
     await sync.take_over(object(), entry, marked_at)  # type: ignore[arg-type]
