@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -29,7 +29,7 @@ from agent.controller.driver import Driver, PortClaim, PortTaken, is_device_path
 from agent.line.bus import Bus
 from agent.ops.control import SwitchoverRequest
 from agent.pair.leadership import Leadership, Role
-from agent.runtime import reload, telemetry
+from agent.runtime import jobs, reload, telemetry
 from agent.runtime.clock_guard import ClockStepDetector
 from agent.runtime.control import LineControl
 from agent.runtime.devices import make_sync, watch_device
@@ -482,12 +482,6 @@ class Agent:
 
     # ------------------------------------------------------------------ periodic jobs
 
-    _JOB_OPTIONS: ClassVar[dict[str, Any]] = {
-        "coalesce": True,
-        "max_instances": 1,
-        "misfire_grace_time": 5,
-    }
-
     def _start_scheduler(self) -> None:
         """The lease's clock (monotonic, its own task) and the scheduler of the periodic
         jobs, which come once the role is decided."""
@@ -499,19 +493,18 @@ class Agent:
     def _add_periodic_jobs(self) -> None:
         s = self.settings
         assert self.scheduler is not None
-        common = self._JOB_OPTIONS
         self.scheduler.add_job(
-            self._reconcile_job,
+            jobs.ends_quietly(self._reconcile_job),
             IntervalTrigger(seconds=s.reconcile_interval_s),
             id="reconcile",
-            **common,
+            **jobs.OPTIONS,
         )
         self.scheduler.add_job(
-            self._telemetry_job,
+            jobs.ends_quietly(self._telemetry_job),
             IntervalTrigger(seconds=s.telemetry.interval_s, jitter=s.telemetry.jitter_s or None),
             id="telemetry",
             next_run_time=datetime.now().astimezone(),
-            **common,
+            **jobs.OPTIONS,
         )
 
     async def _reconcile_job(self) -> None:
