@@ -418,21 +418,27 @@ class World:
     def driving_since(self, moment: float) -> bool:
         """An active instance holds the lease by a grant or renewal of the store's after
         `moment` (it is back, not just still named in the store)."""
+        return self.leased_at(moment) is not None
+
+    def leased_at(self, moment: float) -> float | None:
+        """When the store granted or renewed the active instance's lease first after
+        `moment` (its own record's time, not when this asks), None if it did not."""
         agent = self.active()
         if agent is None:
-            return False
+            return None
         lock = self.lock_key.encode()
         holder = agent.name.encode()
+        first = None
         for event in reversed(self.checker.store):
             if event.at <= moment:
-                return False
+                break
             if (
                 event.key == lock
                 and event.accepted
                 and (event.value or b"").split(b"#")[0] == holder
             ):
-                return True
-        return False
+                first = event.at
+        return first
 
     def line_answered_since(self, address: int | None, moment: float) -> bool:
         def answered() -> bool:
