@@ -240,12 +240,8 @@ class StateStoreClient:
         None when that cannot be said: not observed, not caught up since a reconnect, or the
         key absent when it was read."""
         raw = _bytes(key)
-        since = self._delivered_since.get(raw)
-        for change in self._undelivered.get(raw, ()):
-            if since is None or change.version is None:
-                return None
-            since = max(since, change.version)
-        return since
+        queued = [change.version for change in self._undelivered.get(raw, ())]
+        return _no_older_than(self._delivered_since.get(raw), queued)
 
     def _watched_from(self, key: bytes, version: Hlc | None) -> None:
         """Registered, then read at `version`: every later change is notified."""
@@ -395,15 +391,8 @@ class StateStoreClient:
     def _missed(self, key: bytes, versions: list[Hlc | None]) -> None:
         """Changes of `key` (their versions) never to be delivered: nothing older than the
         newest of them can be said to be delivered any more."""
-        if not versions or key not in self._delivered_since:
-            return
-        since = self._delivered_since[key]
-        for version in versions:
-            if since is None or version is None:
-                since = None
-                break
-            since = max(since, version)
-        self._delivered_since[key] = since
+        if key in self._delivered_since:
+            self._delivered_since[key] = _no_older_than(self._delivered_since[key], versions)
 
     async def _deliver(self) -> None:
         while True:
@@ -477,6 +466,15 @@ class StateStoreClient:
             # Bypasses _offer's version check: a delete found by GET has no version.
             kind: Literal["SET", "DELETE"] = "SET" if value is not None else "DELETE"
             self._enqueue(KeyChange(key, kind, value, version, synthetic=True))
+
+
+def _no_older_than(since: Hlc | None, versions: list[Hlc | None]) -> Hlc | None:
+    """`since` moved past `versions` (changes not delivered): None, unknown, if either is."""
+    for version in versions:
+        if since is None or version is None:
+            return None
+        since = max(since, version)
+    return since
 
 
 def _time_out(future: asyncio.Future[Message]) -> None:

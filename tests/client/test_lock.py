@@ -187,15 +187,23 @@ def test_safety_margin_defaults() -> None:
     assert default_safety_margin_s(60) == 1.0
 
 
-async def test_rejection_by_our_own_newer_version_is_not_a_loss(connect: Connect) -> None:
-    """A remote writer fences with the lock's latest version, which can be a renewal of
-    ours whose answer has not reached us yet: adopt it and write again."""
+async def held_against_a_remote_writer(
+    connect: Connect,
+) -> tuple[StateStoreClient, StateStoreClient, str, str, LeasedLock, Losses]:
+    """A lock ("me", not acquired yet) on the holder's client, its losses recorded, and a
+    remote writer's client: (holder, remote, lock key, data key, lock, losses)."""
     holder, remote = await connect("holder"), await connect("remote")
     key = lock_key()
-    data = key.replace("lock", "setPoint")
     lock = LeasedLock(holder, key, "me")
     losses = Losses()
     lock.on_lost(losses)
+    return holder, remote, key, key.replace("lock", "setPoint"), lock, losses
+
+
+async def test_rejection_by_our_own_newer_version_is_not_a_loss(connect: Connect) -> None:
+    """A remote writer fences with the lock's latest version, which can be a renewal of
+    ours whose answer has not reached us yet: adopt it and write again."""
+    _holder, remote, key, data, lock, losses = await held_against_a_remote_writer(connect)
     first = await lock.try_acquire(5000)
     assert first is not None and (await lock.fenced_set(data, b"20")).applied
     latest = await lock.renew()
@@ -216,12 +224,7 @@ async def test_a_write_refused_again_by_the_next_renewal_is_not_a_loss(connect: 
     """On a slow link renewals follow each other faster than their answers: the write sent
     again with the version read after its refusal is refused by the next renewal. The
     30-minute soak saw an active step down for it, with nobody else holding the lock."""
-    holder, remote = await connect("holder"), await connect("remote")
-    key = lock_key()
-    data = key.replace("lock", "setPoint")
-    lock = LeasedLock(holder, key, "me")
-    losses = Losses()
-    lock.on_lost(losses)
+    holder, remote, key, data, lock, losses = await held_against_a_remote_writer(connect)
     assert await lock.try_acquire(5000) is not None
 
     async def renewal_not_heard_of(remote_value: bytes) -> None:
@@ -254,12 +257,7 @@ async def test_rejection_by_a_renewal_answered_meanwhile_is_not_a_loss(connect: 
     the renewal's version, and the renewal's answer came back while the write was on its
     way: our token is that version by then, so the rejection is ours to explain (the soak
     saw an active step down for this, with no fault at all)."""
-    holder, remote = await connect("holder"), await connect("remote")
-    key = lock_key()
-    data = key.replace("lock", "setPoint")
-    lock = LeasedLock(holder, key, "me")
-    losses = Losses()
-    lock.on_lost(losses)
+    holder, remote, key, data, lock, losses = await held_against_a_remote_writer(connect)
     first = await lock.try_acquire(5000)
     assert first is not None and (await lock.fenced_set(data, b"20")).applied
     latest = await lock.renew()
