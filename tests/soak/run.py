@@ -47,7 +47,8 @@ is up the load and the faults stop, and every point of every device must come to
 The last line printed is one JSON object: the configuration, the faults injected by kind,
 the load made by kind and by point, what the checker checked (the changes of each point),
 violations (target 0) with the first ones' details, changes lost (target 0), recovery times
-(p50/p99) and the worst time with no active per fault kind.
+(p50/p99) and the worst time with no active per fault kind, and the soak process's own
+pauses (its longest garbage collection, its store's longest stall: tests/soak/pauses.py).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.soak.faults import UNIT_BOUND_S, Injector, catalogue
 from tests.soak.liveness import SLACK_S, Sampler, describe, judge, report
 from tests.soak.load import Load
+from tests.soak.pauses import Pauses
 from tests.soak.world import (
     LINE,
     POINTS,
@@ -119,6 +121,8 @@ def run(
             points=points,
         )
         sampler = Sampler(world.live, world.collect)
+        pauses = Pauses()
+        pauses.start(world.background.loop)
         generator = Load(world, seed) if load else None
         spans = []
         details: list[str] = []
@@ -177,6 +181,7 @@ def run(
             if generator is not None:
                 generator.stop()
             sampler.stop()
+            pauses.stop()
             world.close()
     stats = world.stats
     over = [item for item in judged if item.violation]
@@ -202,6 +207,7 @@ def run(
             **summary["checked"],
             "liveness samples": sampler.samples,
             "liveness worst sampling step ms": round(sampler.worst_step_s * 1000),
+            **pauses.report(),
         },
         "violations": violations,
         "violations_by_kind": {
