@@ -30,7 +30,7 @@ from agent.line.bus import Bus
 from agent.ops.control import SwitchoverRequest
 from agent.pair.leadership import Leadership, Role
 from agent.runtime import jobs, reload, telemetry
-from agent.runtime.clock_guard import ClockStepDetector
+from agent.runtime.clock_guard import ClockStepDetector, StallDetector, stalled
 from agent.runtime.control import LineControl
 from agent.runtime.devices import make_sync, watch_device
 from agent.runtime.driving import ActiveLine
@@ -563,8 +563,12 @@ class Agent:
 
     async def _watch_clock(self) -> None:
         detector = ClockStepDetector()
+        stalls = StallDetector(period_s=0.5)
         while True:
             await asyncio.sleep(0.5)
+            late = stalls.check()
+            if late is not None:
+                log.warning(stalled(late, self.role is Role.ACTIVE, self.settings.lock.ttl_ms))
             step = detector.check()
             if step is not None and self.scheduler is not None:
                 log.warning("wall clock stepped by %+.1f s: rescheduling jobs", step)

@@ -1,4 +1,5 @@
-"""Notices wall-clock steps (NTP) by comparing the wall clock with the monotonic clock.
+"""Notices wall-clock steps (NTP) by comparing the wall clock with the monotonic clock, and
+times when this process did not run at all.
 
 APScheduler computes run times on the wall clock: after a step back it would wait out
 the step before the next renewal. Lease safety never depends on it (the lease deadline is
@@ -29,3 +30,37 @@ class ClockStepDetector:
         step = offset - self._offset
         self._offset = offset
         return step if abs(step) >= self.threshold_s else None
+
+
+class StallDetector:
+    """Notices that this process did not run for a while (stopped, starved of CPU, swapping):
+    a wake-up due every `period_s` that comes later than that by `threshold_s` or more. The
+    lease does not care why renewals stopped; an operator needs to know it was the gateway."""
+
+    def __init__(
+        self,
+        period_s: float,
+        threshold_s: float = 0.25,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.period_s, self.threshold_s = period_s, threshold_s
+        self._monotonic = monotonic
+        self._last = monotonic()
+
+    def check(self) -> float | None:
+        """How late this wake-up came (seconds), or None when within the threshold."""
+        now = self._monotonic()
+        late = now - self._last - self.period_s
+        self._last = now
+        return late if late >= self.threshold_s else None
+
+
+def stalled(late_s: float, driving: bool, ttl_ms: int) -> str:
+    """The operator's line for a stall of `late_s`."""
+    return (
+        f"this process did not run for {late_s:.2f} s"
+        + (" while it drove the line" if driving else "")
+        + " (stopped, or the gateway short of CPU or memory): a lease of "
+        f"{ttl_ms} ms (AGENT_LOCK__TTL_MS) ends when renewals stop that long; find what "
+        "starves the process"
+    )

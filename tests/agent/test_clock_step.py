@@ -32,8 +32,10 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from agent.runtime.clock_guard import ClockStepDetector
+from agent.runtime.clock_guard import ClockStepDetector, StallDetector, stalled
 from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, APPLIED, STANDBY, Rig
 
@@ -216,3 +218,25 @@ def test_detector_notices_a_step_while_the_loop_was_stalled() -> None:
     clocks.monotonic += 30  # a 30 s stall during which the wall clock went back 10 s
     clocks.wall += 20
     assert guard.check() == pytest.approx(-10)
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=5.0), min_size=1, max_size=30))
+def test_a_stall_is_reported_once_by_how_late_the_wake_up_came(lates: list[float]) -> None:
+    clocks = Clocks()
+    stalls = StallDetector(0.5, 0.25, lambda: clocks.monotonic)
+    for late in lates:
+        clocks.advance(0.5 + late)
+        reported = stalls.check()
+        if late > 0.25 + 1e-9:
+            assert reported == pytest.approx(late)
+        elif late < 0.25 - 1e-9:
+            assert reported is None
+    clocks.advance(0.5)
+    assert stalls.check() is None  # each stall once: the next wake-up on time is quiet
+
+
+def test_the_stall_line_names_the_lease_and_whether_it_drove_the_line() -> None:
+    line = stalled(0.84, True, 1000)
+    assert "did not run for 0.84 s while it drove the line" in line
+    assert "1000 ms (AGENT_LOCK__TTL_MS)" in line
+    assert "drove" not in stalled(0.3, False, 3000)

@@ -66,6 +66,10 @@ def test_paused_former_owner_is_fenced_and_steps_down(rig: Rig) -> None:
     assert response.payload == b"-ERR " + errors.FENCING_TOKEN_LOWER_VERSION.encode() + b"\r\n"
 
     old.signal(signal.SIGCONT)
+    # It says it was stopped, and about how long: through the standby's takeover, which
+    # took the rest of a lease (a third of it at least).
+    stall = old.wait_for(re.compile(r"did not run for ([0-9.]+) s while it drove the line"))
+    assert float(stall.group(1)) >= rig.ttl_ms / 1000 / 3
     reason = old.wait_for_new(STEPPED_DOWN, timeout=10).group(1)
     assert "deadline" in reason or "rejected" in reason or "refused" in reason
     # Changes after the resume reach the controller through the new owner only.
