@@ -9,8 +9,9 @@ second on a busy 2-core machine, long enough to push a takeover at TTL 1 s past 
 
 So the soak moves what it has kept out of the collector's sight every few seconds
 (`gc.freeze()`: a collection then walks only what came since), and measures what is left:
-the longest collection, and the longest the store's event loop was late for a timer, both in
-the JSON line beside the checks they could spoil.
+the longest collection, the longest the store's event loop was late for a timer, and the
+longest a thread of the process was late to wake (the whole process held: the GIL, or the
+machine's CPUs busy elsewhere), all in the JSON line beside the checks they could spoil.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Pauses:
     collections_over_50ms: int = 0
     longest_loop_stall_s: float = 0.0
     loop_stalls_over_100ms: int = 0
+    longest_thread_stall_s: float = 0.0
     _gc_started: float | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -57,11 +59,20 @@ class Pauses:
                 self.longest_loop_stall_s * 1000
             ),
             "harness: store event loop stalls over 100 ms": self.loop_stalls_over_100ms,
+            "harness: longest stall of a thread ms": round(self.longest_thread_stall_s * 1000),
         }
 
     def _freeze(self) -> None:
-        while not self._stop.wait(self.freeze_every_s):
-            gc.freeze()
+        # Also wakes every probe step, to time the whole process's stalls.
+        frozen = time.monotonic()
+        due = frozen + self.probe_every_s
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            now = time.monotonic()
+            self.longest_thread_stall_s = max(self.longest_thread_stall_s, now - due)
+            due = now + self.probe_every_s
+            if now - frozen >= self.freeze_every_s:
+                gc.freeze()
+                frozen = now
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
