@@ -33,7 +33,6 @@ def test_a_stalled_store_loop_and_a_collection_are_reported() -> None:
         assert until(lambda: gc.get_freeze_count() > frozen_before + len(kept) // 2)
         gc.collect()
         assert pauses.longest_gc_s > 0
-        assert until(lambda: pauses.report()["harness: longest stall of a thread ms"] >= 0)
     finally:
         pauses.stop()
         background.close()
