@@ -224,12 +224,12 @@ class StateStoreClient:
         raw = _bytes(key)
         self._observed[raw] = handler
         self._delivered_since[raw] = None
-        await self._keynotify(raw, stop=False, timeout=timeout)
+        registered = await self._keynotify(raw, stop=False, timeout=timeout)
         value, version = await self.get(raw, timeout=timeout)
         seen = self._seen.get(raw)
         if seen is None or _newer(version, seen.version):
             self._seen[raw] = _Seen(value, version)
-        self._watched_from(raw, version)
+        self._watched_from(raw, version, registered)
         return value, version
 
     def delivered_since(self, key: bytes | str) -> Hlc | None:
@@ -243,10 +243,12 @@ class StateStoreClient:
         queued = [change.version for change in self._undelivered.get(raw, ())]
         return _no_older_than(self._delivered_since.get(raw), queued)
 
-    def _watched_from(self, key: bytes, version: Hlc | None) -> None:
-        """Registered, then read at `version`: every later change is notified."""
+    def _watched_from(self, key: bytes, version: Hlc | None, registered: Hlc | None) -> None:
+        """Registered (the service's clock then), then read at `version` (None: absent):
+        every later change is notified. An absent key has no version to start from; every
+        change since the registration is newer than the clock the service answered it at."""
         if key in self._observed:
-            self._delivered_since[key] = version
+            self._delivered_since[key] = version if version is not None else registered
 
     async def unobserve(self, key: bytes | str, *, timeout: float | None = None) -> None:
         raw = _bytes(key)
@@ -258,11 +260,14 @@ class StateStoreClient:
 
     # ------------------------------------------------------------------ internals
 
-    async def _keynotify(self, key: bytes, *, stop: bool, timeout: float | None) -> None:
+    async def _keynotify(self, key: bytes, *, stop: bool, timeout: float | None) -> Hlc | None:
+        """Registers (or with `stop` ends) notifications of `key`; the service's clock when
+        it did: every later change of the key has a newer version."""
         args = [b"KEYNOTIFY", key] + ([b"STOP"] if stop else [])
-        reply, _ = await self._request(args, None, timeout)
+        reply, registered = await self._request(args, None, timeout)
         if reply != OK and not (stop and reply == 0):
             raise UnexpectedResponse(f"KEYNOTIFY answered {reply!r}")
+        return registered
 
     async def _request(
         self, args: list[bytes], fencing_token: Hlc | None, timeout: float | None
@@ -436,7 +441,7 @@ class StateStoreClient:
                 if key not in self._observed:
                     continue
                 try:
-                    await self._keynotify(key, stop=False, timeout=None)
+                    registered = await self._keynotify(key, stop=False, timeout=None)
                     value, version = await self.get(key)
                 except (StateStoreError, SessionError) as exc:
                     log.warning("could not re-register %r after reconnect: %s", key, exc)
@@ -448,13 +453,15 @@ class StateStoreClient:
                     log.exception("re-registering %r after reconnect failed", key)
                     failed.append(key)
                     continue
-                self._catch_up_key(key, value, version)
+                self._catch_up_key(key, value, version, registered)
             pending = failed
             if pending:
                 await backoff.sleep()
 
-    def _catch_up_key(self, key: bytes, value: bytes | None, version: Hlc | None) -> None:
-        self._watched_from(key, version)
+    def _catch_up_key(
+        self, key: bytes, value: bytes | None, version: Hlc | None, registered: Hlc | None
+    ) -> None:
+        self._watched_from(key, version, registered)
         seen = self._seen.get(key)
         if seen is not None:
             unchanged = (seen.value, seen.version) == (value, version)

@@ -413,6 +413,34 @@ async def test_delivered_since_tells_from_which_version_no_change_was_missed(
     assert watcher.delivered_since(key) is None
 
 
+async def test_an_absent_key_is_watched_whole_from_its_registration(
+    store_backend: StoreBackend, connect: Callable[..., asyncio.Future[StateStoreClient]]
+) -> None:
+    """A key the store does not hold has no version to count from, but every change after
+    the registration is newer than the service's clock at it: a takeover can still say that
+    a publish it never saw never reached the store. (A soak lost a panel change when the
+    store had restarted without its contents and the standby, caught up on absent keys,
+    could not say: it believed the former active's mark of a publish the store refused.)"""
+    watcher, writer = await connect("watcher"), await connect("writer")
+    key = unique()
+    changes = Changes()
+    await watcher.observe(key, changes)
+    since = watcher.delivered_since(key)
+    assert since is not None
+    assert (await writer.set(key, b"1")).version > since
+    await changes.next(within=5)
+
+    # The same after a reconnect that finds the key gone.
+    await store_backend.broker_down()
+    store_backend.delete_directly(key)
+    await store_backend.broker_up()
+    change = await changes.next(within=10)  # the catch-up found it gone
+    assert (change.kind, change.synthetic) == ("DELETE", True)
+    since_back = watcher.delivered_since(key)
+    assert since_back is not None and since_back > since
+    assert (await watcher.set(key, b"2")).version > since_back  # back, caught up: connected
+
+
 async def test_catch_up_survives_an_unexpected_error_and_keys_stay_watched(
     store_backend: StoreBackend,
     connect: Callable[..., asyncio.Future[StateStoreClient]],

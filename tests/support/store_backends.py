@@ -60,6 +60,11 @@ class StoreBackend:
         ts = str(Hlc(time.time_ns() // 1_000_000, 0, "elsewhere"))
         self.store.handle("elsewhere", encode_request([b"SET", key, value]), ts)
 
+    def delete_directly(self, key: bytes) -> None:
+        """A key gone while a client is away (a store that lost it, or a delete)."""
+        ts = str(Hlc(time.time_ns() // 1_000_000, 0, "elsewhere"))
+        self.store.handle("elsewhere", encode_request([b"DEL", key]), ts)
+
 
 class EmbeddedBackend(StoreBackend):
     kind = "embedded"
