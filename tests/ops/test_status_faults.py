@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.ops.support import Topics, command, health_topic, status, wait_in_sync, wait_pair
 from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, STANDBY, LineRig, Rig
@@ -57,6 +59,7 @@ def test_a_frozen_active_reads_as_not_responding_beside_the_new_active(
     status_until(line, lambda r: r["code"] == 0 or r["problems"] == [])
 
 
+@pytest.mark.slow
 def test_watch_rides_out_a_broker_outage(line: LineRig, topics: Topics) -> None:
     line.start_active("a")
     line.start_agent("b").wait_for_new(STANDBY)
