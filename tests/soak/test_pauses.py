@@ -7,16 +7,12 @@ import gc
 import time
 
 from tests.soak.pauses import Pauses
+from tests.soak.world import wait_until
 from tests.support.rig import BackgroundLoop
 
 
-def until(condition, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
+def until(condition: object) -> bool:
+    return wait_until(condition, 5.0, step=0.005) is not None
 
 
 def test_a_stalled_store_loop_and_a_collection_are_reported() -> None:

@@ -57,13 +57,15 @@ class StoreBackend:
 
     def write_directly(self, key: bytes, value: bytes) -> None:
         """A change made while a client is away (its notification would be lost)."""
-        ts = str(Hlc(time.time_ns() // 1_000_000, 0, "elsewhere"))
-        self.store.handle("elsewhere", encode_request([b"SET", key, value]), ts)
+        self._directly(b"SET", key, value)
 
     def delete_directly(self, key: bytes) -> None:
         """A key gone while a client is away (a store that lost it, or a delete)."""
+        self._directly(b"DEL", key)
+
+    def _directly(self, *args: bytes) -> None:
         ts = str(Hlc(time.time_ns() // 1_000_000, 0, "elsewhere"))
-        self.store.handle("elsewhere", encode_request([b"DEL", key]), ts)
+        self.store.handle("elsewhere", encode_request(list(args)), ts)
 
 
 class EmbeddedBackend(StoreBackend):
