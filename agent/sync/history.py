@@ -46,19 +46,35 @@ class StoreHistory:
         """Whether the store took `published` with a version between `after` and `before`
         (the token it was sent with, and the record sent behind it): True when it was seen
         so; False when it was not, and every change of the key since `whole_since` (the
-        client's `delivered_since`), no later than `after`, was seen and kept; None when
-        that cannot be said."""
+        client's `delivered_since`) was seen and kept, from no later than `after` or from
+        no later than the last change seen before the record (the key held another value
+        when the record was written); None when that cannot be said.
+
+        The second kind of sight is what an instance has that caught up after a reconnect
+        between the publish and now: its own publish unanswered, the connection lost, it
+        read the key again and has watched it since. A publish taken, then another change
+        landing between it and the record (the two sent at once on one connection), looks
+        the same as a refusal: the same race `decisions.published_marker` accepts."""
         if after is None or before is None:
             return None
+        held: Synced | None = None  # the newest change seen before the record
         for seen in self._values:
             version = seen.version
-            if version is not None and after < version < before and same(seen.value, published):
+            if version is None or version >= before:
+                continue
+            if after < version and same(seen.value, published):
                 return True
+            if held is None or (held.version is not None and version > held.version):
+                held = seen
         if whole_since is None:
             return None
         if self._floor is not None and self._floor > whole_since:
             whole_since = self._floor
-        return False if whole_since <= after else None
+        if whole_since <= after:
+            return False
+        if held is not None and held.version is not None and held.version >= whole_since:
+            return False
+        return None
 
     def former_publish(
         self,

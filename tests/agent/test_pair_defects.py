@@ -18,7 +18,7 @@ import pytest
 from agent.protocol.resp3 import encode_request
 from tests.agent.test_clock_step import faked_env, libfaketime  # noqa: F401 (a fixture)
 from tests.support.processes import AgentProcess
-from tests.support.rig import ACTIVE, LOCK_KEY, STANDBY, STEPPED_DOWN, Rig
+from tests.support.rig import ACTIVE, LOCK_KEY, RECORD_KEY, STANDBY, STEPPED_DOWN, Rig
 
 pytestmark = pytest.mark.slow
 
@@ -313,3 +313,43 @@ def test_a_lease_gone_at_reconnect_is_not_waited_out_when_the_store_kept_its_con
     since_the_loss = active.lines[active.lines.index(lost.string) :]
     assert not any(WAITING.search(line) for line in since_the_loss), since_the_loss
     assert log_time(again.string) - log_time(lost.string) < 1.0
+
+
+# ------------------------------------------------------------------ 9. a refusal never heard
+
+
+def test_a_refused_publish_whose_answer_never_came_back_is_published_again_by_its_sender(
+    rig: Rig,
+) -> None:
+    """A 30-minute soak's lost panel change. The active's answers stopped coming back: its
+    renewals still reached the store, and a remote writer fenced a change with the newest of
+    them; the active published a panel change with the older token it knew (refused) and
+    marked it in its record (taken). Its lease ended before the refusal came back. It
+    caught up on reconnect (the remote change), a second remote change came after the
+    record, and it took the line again believing its mark: it took the unit's value for
+    synced and wrote the remote change over the panel change. What it saw of the key since
+    its reconnect shows the key held the remote change when the record was written: the
+    publish never reached the store, and the panel change is published again."""
+    # Renewed every 2 s: blackholed right after a renewal, the lease lasts 3.7 s at least.
+    slow = {"AGENT_LOCK__TTL_MS": "6000", "AGENT_MQTT__REQUEST_TIMEOUT_S": "30"}
+    active, _ = rig.start_active("a", via_proxy=True, **slow)
+    proxy = rig.proxies["a"]
+    rig.watch_lock()
+    rig.expect_renewal("a", timeout=5)
+    rig.background.call(lambda: proxy.blackhole("out"))
+    rig.expect_renewal("a", timeout=5)  # taken by the store, never answered
+    assert rig.remote_set(b"24.5") == b"+OK\r\n"  # fenced with that renewal's version
+    rig.panel(18.5)  # published with the older token: refused; the record behind it taken
+    rig.wait_key(RECORD_KEY, lambda record: record is not None and b'"published":18.5' in record)
+    assert rig.store_value() == b"24.5"
+    active.wait_for_new(STEPPED_DOWN, timeout=10)
+    caught_up = rig.next_read("a")
+    rig.background.call(proxy.set_pass)
+    assert caught_up.wait(10), "no catch-up read after the reconnect"
+    assert rig.remote_set(b"22.0") == b"+OK\r\n"  # after the record, before it drives again
+    active.wait_for_new(TOOK_OVER, timeout=15)
+    rig.wait_store_value(b"18.5")
+    rig.wait_device(lambda d: d.setpoint == 18.5)
+    assert 22.0 not in rig.device_writes()
+    active.drain()
+    assert any("publish of set point 18.5 never reached the store" in line for line in active.lines)

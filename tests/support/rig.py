@@ -23,7 +23,7 @@ from tests.soak.checker import Checker, LineEvent, StoreEvent
 from tests.support.paho_client import PahoStoreClient
 from tests.support.ports import free_port
 from tests.support.processes import AgentProcess
-from tests.support.store_watch import watch_writes
+from tests.support.store_watch import watch_reads, watch_writes
 
 T = TypeVar("T")
 DEVICE = "thermostat-1"
@@ -70,6 +70,7 @@ class Rig:
         self.background = BackgroundLoop()
         self.port = free_port()
         self.store_events: list[StoreEvent] = []
+        self._awaited_reads: dict[tuple[str, bytes], threading.Event] = {}
         """Every write the store handled, by its own record (for the wire check)."""
         self.store = self._make_store()
         self.device = self._make_device()
@@ -84,7 +85,21 @@ class Rig:
     def _make_store(self) -> EmbeddedStateStore:
         store = EmbeddedStateStore("127.0.0.1", self.port)
         watch_writes(store.store, self.store_events.append)
+        watch_reads(store.store, self._read)
         return store
+
+    def _read(self, client: str, key: bytes) -> None:
+        for (instance, wanted), event in list(self._awaited_reads.items()):
+            if key == wanted and client.startswith("agent-") and f"-{instance}-" in client:
+                event.set()
+                del self._awaited_reads[instance, wanted]
+
+    def next_read(self, instance: str, key: str = SETPOINT_KEY) -> threading.Event:
+        """Set once the store handles the next GET of `key` by `instance`'s agent (its
+        catch-up after a reconnect, say)."""
+        event = threading.Event()
+        self._awaited_reads[instance, key.encode()] = event
+        return event
 
     def _make_device(self) -> Any:
         return FakeDevice(setpoint=20.0, time_constant_s=30.0)

@@ -52,3 +52,19 @@ def watch_writes(store: StateStore, record: Callable[[StoreEvent], None]) -> Non
         return outcome
 
     store.handle = watched  # type: ignore[method-assign]
+
+
+def watch_reads(store: StateStore, read: Callable[[str, bytes], None]) -> None:
+    """Calls `read(client, key)` with each GET the store handles, as it handles it, on top of
+    any hook already there. Call from the store's event loop."""
+    handle = store.handle
+
+    def watched(client: str, payload: bytes, ts: Any, token: Any) -> Any:
+        outcome = handle(client, payload, ts, token)
+        with contextlib.suppress(Exception):
+            args = decode_request(payload)
+            if len(args) == 2 and args[0].upper() == b"GET":
+                read(client, args[1])
+        return outcome
+
+    store.handle = watched  # type: ignore[method-assign]
