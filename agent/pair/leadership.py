@@ -28,7 +28,7 @@ from agent.client.lock import LeasedLock, LossReason, holder_instance, process_h
 from agent.client.session import Session, SessionError
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.pair.lock_delay import LockDelay
-from agent.pair.renewal import RENEWALS_PER_TTL, LeaseTiming, RoundTrips
+from agent.pair.renewal import MOST_RENEWALS_PER_TTL, RENEWALS_PER_TTL, LeaseTiming, RoundTrips
 from agent.protocol.hlc import Hlc
 
 log = logging.getLogger("agent")
@@ -350,7 +350,11 @@ class Leadership:
                     await asyncio.sleep(0)  # its send time is recorded before the next look
                     continue
             else:
-                wait = self.timing.ttl_s / RENEWALS_PER_TTL
+                # A link found too slow is measured at the highest rate a lease may cost
+                # the store: after an outage (its one long round trip among the samples),
+                # the samples of a fast link again push it out within a TTL, not three.
+                per_ttl = RENEWALS_PER_TTL if self.too_slow is None else MOST_RENEWALS_PER_TTL
+                wait = self.timing.ttl_s / per_ttl
                 if self.role is Role.ACTIVE:
                     # An active without a lease is a bug: whatever led here, stop driving.
                     self._spawn(self.step_down("active without a lease"))
@@ -368,12 +372,14 @@ class Leadership:
         if self.timing.can_hold(self.round_trips.worst_s):
             await self.contend()
             return
-        # Too slow to hold a lease: keep measuring the link until it is not.
+        # Too slow to hold a lease: keep measuring the link until it is not, then contend
+        # at once (the lock may have been free all the while).
         try:
             await self.lock.current_holder(timeout=self.timing.ttl_s)
         except (StateStoreError, SessionError) as exc:
             log.debug("could not look at the lock: %s", exc)
-        self._link_can_hold()
+        if self._link_can_hold():
+            await self.contend()
 
     async def renew(self) -> None:
         # Bounded by a whole lease, not by what is left of it: an answer that comes after

@@ -123,6 +123,31 @@ def test_a_link_too_slow_for_the_lease_says_so_instead_of_flapping(tmp_path: Pat
         rig.close()
 
 
+def test_a_standby_back_from_an_outage_takes_over_within_the_bound(tmp_path: Path) -> None:
+    """A 30-minute soak's time without an active past its bound: the standby's link was a
+    black hole for a while, so its one measurement of the link then took as long (too long
+    for a lease: it stopped contending), and the active died a second after the link came
+    back. Every round trip since was fast, but the long one stayed among the last eight,
+    measured a third of a TTL apart: the standby contended again only 2.7 s after it. It
+    measures a link found too slow faster, and contends as soon as the link can hold."""
+    rig = Rig(tmp_path, ttl_ms=1000)
+    try:
+        active, _ = rig.start_active("a")
+        standby = rig.start_agent("b", via_proxy=True, AGENT_MQTT__REQUEST_TIMEOUT_S="5")
+        standby.wait_for_new(STANDBY)
+        proxy = rig.proxies["b"]
+        rig.background.call(proxy.blackhole)
+        time.sleep(1.5)  # the outage is the fault itself: a contention attempt waits it out
+        rig.background.call(proxy.set_pass)
+        standby.wait_for_new(TOO_SLOW, timeout=5)
+        active.signal(signal.SIGKILL)
+        killed = time.time()
+        became = standby.wait_for_new(ACTIVE, timeout=10)
+        assert log_time(became.string) - killed <= (rig.ttl_ms + 300) / 1000
+    finally:
+        rig.close()
+
+
 # ------------------------------------------------------------------ 3. cloned gateways
 
 
