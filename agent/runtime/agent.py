@@ -433,7 +433,7 @@ class Agent:
         else:
             # Standby, or active with the line still opening: the takeover reads the store
             # again when it reconciles the device.
-            sync.follow_value(point, change.value, change.version)
+            sync.follow_change(point, change)
 
     async def _on_record(self, device_id: str, change: KeyChange) -> None:
         if self.role is not Role.ACTIVE:

@@ -195,6 +195,13 @@ class DeviceSync:
     def follow_value(self, point: str, value: bytes | None, version: Any) -> None:
         self.points[point].follow_value(value, version)
 
+    def follow_change(self, point: str, change: KeyChange) -> None:
+        """While standby: a change of a point's key, and the values it took the place of
+        before it was delivered (each one the store's, so a candidate for what the
+        controller holds at a takeover, see `decisions.takeover_base`)."""
+        for value, version in (*change.earlier, (change.value, change.version)):
+            self.points[point].follow_value(value, version)
+
     async def follow_record(self, raw: bytes | None) -> None:
         """While standby: the active's sync record, each point's entry to that point."""
         record = self._parse_record(raw)

@@ -16,7 +16,8 @@ from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateSt
 from agent.client.lock import LeasedLock, LockNotHeld
 from agent.client.session import SessionError
 from agent.controller.interface import Limits, PointValue
-from agent.sync.decisions import Synced
+from agent.protocol.hlc import Hlc
+from agent.sync.decisions import Synced, still_pending
 from agent.sync.record import PointRecord, Refusal, encode_record
 
 R = TypeVar("R")
@@ -67,6 +68,7 @@ class DeviceRecord:
         value: PointValue,
         publish: Callable[[], Awaitable[R]],
         unanswered: PointValue | None = None,
+        taken: Callable[[R], Hlc | None] = lambda _: None,
     ) -> R:
         """Sends `publish()` (the point's write of `value`) and, right behind it on the same
         connection, the record marked with `value`; returns the publish's answer. No other
@@ -74,17 +76,28 @@ class DeviceRecord:
         only, whose version then tells a takeover that a value the store had before it came
         before the publish (`decisions.published_marker`), and beside the mark the lock's token
         as the publish goes out: the store gives the publish a newer version, if it takes it
-        (record.PointRecord.published_after)."""
+        (record.PointRecord.published_after).
+
+        `taken(answer)`: the version the store gave the value, None if it did not take it.
+        Taken, the point's entry is synced at that version before any other record goes out
+        (another point's, waiting its turn): a record without the mark and without the value
+        would tell a takeover that the unit's value is a panel change still to publish."""
         async with self._writing:
             token = self.lock.token
             self.entries[point] = PointRecord(synced, pending, value, unanswered, token)
             sent = asyncio.ensure_future(publish())
             marked = asyncio.ensure_future(self._send())
+            after = PointRecord(synced, pending, unanswered=unanswered)
             try:
-                return await sent
+                answer = await sent
+                version = taken(answer)
+                if version is not None:
+                    now = Synced(value, version)
+                    after = PointRecord(now, still_pending(pending, now))
+                return answer
             finally:
                 await asyncio.gather(marked, return_exceptions=True)
-                self.entries[point] = PointRecord(synced, pending, unanswered=unanswered)
+                self.entries[point] = after
 
     async def _send(self) -> Written:
         if not self.may_write():

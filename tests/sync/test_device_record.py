@@ -8,6 +8,7 @@ import asyncio
 import json
 from typing import Any
 
+from agent.client.statestore import SetResult
 from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Synced
 from agent.sync.device_record import DeviceRecord, Written
@@ -64,3 +65,63 @@ async def test_the_mark_is_in_the_one_record_behind_the_value() -> None:
         and "publishedAfter" not in after
         and after["points"]["mode"]["value"] == "cool"
     )
+
+
+async def test_a_publish_the_store_took_is_in_every_record_after_it() -> None:
+    """A soak's stale publish: the set point's publish was answered, and the record another
+    point had waiting went out before the set point recorded its new sync: without the mark
+    and without the value. The active died then; the standby, which had not seen the value
+    in the store, took the unit's value for a panel change and published it over a newer
+    remote change. The answer now makes the entry synced before the lock is let go."""
+    lock = HeldLock()
+    record = DeviceRecord("t01\\synced", lock, lambda: True)  # type: ignore[arg-type]
+    record.update("setPoint", Synced(20.0, v(1)), (Synced(21.0, v(2)), Synced(22.0, v(6))))
+    record.update("mode", Synced("heat", v(2)), ())
+
+    async def publish() -> SetResult:
+        await lock.fenced_set("t01\\setPoint", b"16.5")
+        return SetResult(True, v(5))
+
+    publishing = asyncio.ensure_future(
+        record.publish_marked(
+            "setPoint",
+            Synced(20.0, v(1)),
+            (Synced(21.0, v(2)), Synced(22.0, v(6))),
+            16.5,
+            publish,
+            taken=lambda answer: answer.version if answer.applied else None,
+        )
+    )
+    for _ in range(10):
+        await asyncio.sleep(0)
+    record.update("mode", Synced("cool", v(3)), ())
+    sibling = asyncio.ensure_future(record.write())
+    lock.answer.set()
+    assert await publishing == SetResult(True, v(5))
+    assert await sibling is Written.OK
+    after = json.loads(lock.sent[-1][1])
+    assert (after["value"], after["version"]) == (16.5, str(v(5)))
+    assert after["pending"] == [{"value": 22.0, "version": str(v(6))}]  # newer: still in doubt
+    assert "published" not in after and after["points"]["mode"]["value"] == "cool"
+
+
+async def test_a_publish_the_store_did_not_take_leaves_the_entry_as_it_was() -> None:
+    lock = HeldLock()
+    lock.answer.set()
+    record = DeviceRecord("t01\\synced", lock, lambda: True)  # type: ignore[arg-type]
+    record.update("setPoint", Synced(20.0, v(1)), ())
+
+    async def publish() -> SetResult:
+        return SetResult(False, None)  # a remote change reached the empty key first
+
+    await record.publish_marked(
+        "setPoint",
+        Synced(20.0, v(1)),
+        (),
+        16.5,
+        publish,
+        taken=lambda answer: answer.version if answer.applied else None,
+    )
+    assert await record.write() is Written.OK
+    after = json.loads(lock.sent[-1][1])
+    assert (after["value"], "published" in after) == (20.0, False)
