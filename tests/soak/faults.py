@@ -239,15 +239,18 @@ class Injector:
             what = self.rng.choice(["STRAY", "STRAY", "GARBAGE", "BADSUM"])
             count = self.rng.randrange(2, 3 * len(world.slots) + 3)
             world.background.call(lambda: world.line.fault(what, count))
-            self._drained(world.line.faults)
+            # Up to 99 damaged replies on a line that crawls meanwhile (each one a resync):
+            # ended only once used up, or the next fault would meet the noise still on the
+            # line and be blamed for its slowness (a unit's recovery once was).
+            self._drained(world.line.faults, 60)
             return time.monotonic(), 0, False
         return time.monotonic(), slot, False
 
-    def _drained(self, faults: UnitFaults) -> None:
-        """Until the counted faults are used up (by the agent's requests), at most 10 s."""
+    def _drained(self, faults: UnitFaults, limit_s: float = 10) -> None:
+        """Until the counted faults are used up (by the agent's requests), at most `limit_s`."""
         wait_until(
             lambda: not (faults.garbage or faults.stray or faults.bad_checksum),
-            10,
+            limit_s,
         )
 
     # ------------------------------------------------------------------ combinations
