@@ -411,6 +411,7 @@ def test_agent_simulate_runs_until_ctrl_c() -> None:
             proc.wait()
 
 
+@pytest.mark.slow  # 20 s; the README's test on a fresh Debian runs the tour too
 @pytest.mark.timeout(240)
 def test_the_tour_runs_as_written(tmp_path: Path) -> None:
     """The five-minute tour, command by command, from the checkout (it activates `.venv`):
