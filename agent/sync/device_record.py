@@ -10,17 +10,14 @@ import asyncio
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
 from agent.client.session import SessionError
+from agent.client.statestore import SetResult
 from agent.controller.interface import Limits, PointValue
-from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Synced, still_pending
 from agent.sync.record import PointRecord, Refusal, encode_record
-
-R = TypeVar("R")
 
 
 class Written(enum.Enum):
@@ -66,10 +63,9 @@ class DeviceRecord:
         synced: Synced,
         pending: tuple[Synced, ...],
         value: PointValue,
-        publish: Callable[[], Awaitable[R]],
+        publish: Callable[[], Awaitable[SetResult]],
         unanswered: PointValue | None = None,
-        taken: Callable[[R], Hlc | None] = lambda _: None,
-    ) -> R:
+    ) -> SetResult:
         """Sends `publish()` (the point's write of `value`) and, right behind it on the same
         connection, the record marked with `value`; returns the publish's answer. No other
         record is written until the publish is answered: the mark is in that one record
@@ -78,10 +74,10 @@ class DeviceRecord:
         as the publish goes out: the store gives the publish a newer version, if it takes it
         (record.PointRecord.published_after).
 
-        `taken(answer)`: the version the store gave the value, None if it did not take it.
-        Taken, the point's entry is synced at that version before any other record goes out
-        (another point's, waiting its turn): a record without the mark and without the value
-        would tell a takeover that the unit's value is a panel change still to publish."""
+        Taken, the point's entry is synced at the value's version before any other record
+        goes out (another point's, waiting its turn): a record without the mark and without
+        the value would tell a takeover that the unit's value is a panel change still to
+        publish."""
         async with self._writing:
             token = self.lock.token
             self.entries[point] = PointRecord(synced, pending, value, unanswered, token)
@@ -90,9 +86,8 @@ class DeviceRecord:
             after = PointRecord(synced, pending, unanswered=unanswered)
             try:
                 answer = await sent
-                version = taken(answer)
-                if version is not None:
-                    now = Synced(value, version)
+                if answer.applied and answer.version is not None:
+                    now = Synced(value, answer.version)
                     after = PointRecord(now, still_pending(pending, now))
                 return answer
             finally:

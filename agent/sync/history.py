@@ -57,22 +57,24 @@ class StoreHistory:
         the same as a refusal: the same race `decisions.published_marker` accepts."""
         if after is None or before is None:
             return None
-        held: Synced | None = None  # the newest change seen before the record
+        newest_before: Hlc | None = None  # of the changes seen before the record
         for seen in self._values:
             version = seen.version
             if version is None or version >= before:
                 continue
             if after < version and same(seen.value, published):
                 return True
-            if held is None or (held.version is not None and version > held.version):
-                held = seen
+            if newest_before is None or version > newest_before:
+                newest_before = version
         if whole_since is None:
             return None
         if self._floor is not None and self._floor > whole_since:
             whole_since = self._floor
         if whole_since <= after:
             return False
-        if held is not None and held.version is not None and held.version >= whole_since:
+        # Seen whole since no later than the last change before the record: the key held
+        # that change's value, not the published one, when the record was written.
+        if newest_before is not None and newest_before >= whole_since:
             return False
         return None
 

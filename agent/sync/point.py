@@ -603,7 +603,6 @@ class PointSync:
                     condition=Condition.NX if only_if_absent else None,
                 ),
                 self._unanswered,
-                taken=lambda answer: answer.version if answer.applied else None,
             )
         except FencingTokenLowerVersion:
             # The lock counts the lease lost (a renewal of ours would have explained it).

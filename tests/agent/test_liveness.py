@@ -126,10 +126,11 @@ def test_a_link_too_slow_for_the_lease_says_so_instead_of_flapping(tmp_path: Pat
 def test_a_standby_back_from_an_outage_takes_over_within_the_bound(tmp_path: Path) -> None:
     """A 30-minute soak's time without an active past its bound: the standby's link was a
     black hole for a while, so its one measurement of the link then took as long (too long
-    for a lease: it stopped contending), and the active died a second after the link came
+    for a lease: it stopped contending), and the active died 1.5 s after the link came
     back. Every round trip since was fast, but the long one stayed among the last eight,
-    measured a third of a TTL apart: the standby contended again only 2.7 s after it. It
-    measures a link found too slow faster, and contends as soon as the link can hold."""
+    measured a third of a TTL apart: the standby could contend again only 2.6 s after the
+    outage (here: active 2.7 s after the kill). It measures a link found too slow faster,
+    and contends as soon as the link can hold."""
     rig = Rig(tmp_path, ttl_ms=1000)
     try:
         active, _ = rig.start_active("a")

@@ -23,7 +23,7 @@ from tests.soak.checker import Checker, LineEvent, StoreEvent
 from tests.support.paho_client import PahoStoreClient
 from tests.support.ports import free_port
 from tests.support.processes import AgentProcess
-from tests.support.store_watch import watch_reads, watch_writes
+from tests.support.store_watch import watch_writes
 
 T = TypeVar("T")
 DEVICE = "thermostat-1"
@@ -84,8 +84,7 @@ class Rig:
 
     def _make_store(self) -> EmbeddedStateStore:
         store = EmbeddedStateStore("127.0.0.1", self.port)
-        watch_writes(store.store, self.store_events.append)
-        watch_reads(store.store, self._read)
+        watch_writes(store.store, self.store_events.append, self._read)
         return store
 
     def _read(self, client: str, key: bytes) -> None:

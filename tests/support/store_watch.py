@@ -15,9 +15,13 @@ WRITES = ("SET", "DEL", "VDEL")
 ACCEPTED = (b"+OK\r\n", b":1\r\n")
 
 
-def watch_writes(store: StateStore, record: Callable[[StoreEvent], None]) -> None:
-    """Calls `record` with each SET, DEL and VDEL the store handles (accepted or not), as
-    it handles it. Call from the store's event loop."""
+def watch_writes(
+    store: StateStore,
+    record: Callable[[StoreEvent], None],
+    read: Callable[[str, bytes], None] | None = None,
+) -> None:
+    """Calls `record` with each SET, DEL and VDEL the store handles (accepted or not), and
+    `read(client, key)` with each GET, as it handles them. Call from the store's event loop."""
     handle = store.handle
 
     def watched(client: str, payload: bytes, ts: Any, token: Any) -> Any:
@@ -29,6 +33,8 @@ def watch_writes(store: StateStore, record: Callable[[StoreEvent], None]) -> Non
         if len(args) < 2:
             return outcome
         command = args[0].upper().decode(errors="replace")
+        if command == "GET" and read is not None:
+            read(client, args[1])
         if command in WRITES:
             reply = outcome.reply
             upper = [arg.upper() for arg in args]
@@ -49,22 +55,6 @@ def watch_writes(store: StateStore, record: Callable[[StoreEvent], None]) -> Non
                     expiry_ms=expiry,
                 )
             )
-        return outcome
-
-    store.handle = watched  # type: ignore[method-assign]
-
-
-def watch_reads(store: StateStore, read: Callable[[str, bytes], None]) -> None:
-    """Calls `read(client, key)` with each GET the store handles, as it handles it, on top of
-    any hook already there. Call from the store's event loop."""
-    handle = store.handle
-
-    def watched(client: str, payload: bytes, ts: Any, token: Any) -> Any:
-        outcome = handle(client, payload, ts, token)
-        with contextlib.suppress(Exception):
-            args = decode_request(payload)
-            if len(args) == 2 and args[0].upper() == b"GET":
-                read(client, args[1])
         return outcome
 
     store.handle = watched  # type: ignore[method-assign]

@@ -22,10 +22,10 @@ class HeldLock:
         self.answer = asyncio.Event()
         self.token = Hlc(1_700_000_000_000, 7, "s")
 
-    async def fenced_set(self, key: str, value: bytes, **_: Any) -> Any:
+    async def fenced_set(self, key: str, value: bytes, **_: Any) -> SetResult:
         self.sent.append((key, value))
         await self.answer.wait()
-        return None
+        return SetResult(True, v(5))
 
 
 def v(n: int) -> Hlc:
@@ -78,18 +78,13 @@ async def test_a_publish_the_store_took_is_in_every_record_after_it() -> None:
     record.update("setPoint", Synced(20.0, v(1)), (Synced(21.0, v(2)), Synced(22.0, v(6))))
     record.update("mode", Synced("heat", v(2)), ())
 
-    async def publish() -> SetResult:
-        await lock.fenced_set("t01\\setPoint", b"16.5")
-        return SetResult(True, v(5))
-
     publishing = asyncio.ensure_future(
         record.publish_marked(
             "setPoint",
             Synced(20.0, v(1)),
             (Synced(21.0, v(2)), Synced(22.0, v(6))),
             16.5,
-            publish,
-            taken=lambda answer: answer.version if answer.applied else None,
+            lambda: lock.fenced_set("t01\\setPoint", b"16.5"),  # taken at version 5
         )
     )
     for _ in range(10):
@@ -120,7 +115,6 @@ async def test_a_publish_the_store_did_not_take_leaves_the_entry_as_it_was() -> 
         (),
         16.5,
         publish,
-        taken=lambda answer: answer.version if answer.applied else None,
     )
     assert await record.write() is Written.OK
     after = json.loads(lock.sent[-1][1])
