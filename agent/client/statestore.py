@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 # How the keys that could not be caught up after a reconnect are retried.
 _CATCH_UP_RETRY_MIN_S = 0.5
 _CATCH_UP_RETRY_MAX_S = 30.0
+_CATCH_UP_IN_FLIGHT = 8
+"""Keys caught up at once after a reconnect (each a KEYNOTIFY, then a GET)."""
 
 
 class Condition(Enum):
@@ -430,33 +432,47 @@ class StateStoreClient:
     async def _catch_up(self) -> None:
         """Register again, then GET each key to find what changed while we were away.
 
+        A few keys at a time (_CATCH_UP_IN_FLIGHT): one after the other, a line of 32
+        whole thermostats (some 250 keys, two round trips each) took seconds, and a standby
+        that is back knows what the active did only once its keys are caught up. A bound,
+        so that a renewal of the lock, sent meanwhile, never waits behind them all.
+
         A key that fails (the service may come back after the broker) is retried with
         backoff for as long as the connection lasts.
         """
         pending = list(self._observed)
         backoff = Backoff(_CATCH_UP_RETRY_MIN_S, _CATCH_UP_RETRY_MAX_S)
+        in_flight = asyncio.Semaphore(_CATCH_UP_IN_FLIGHT)
+
+        async def caught_up(key: bytes) -> bool:
+            async with in_flight:
+                return await self._catch_up_one(key)
+
         while pending and self.session.connected:
-            failed = []
-            for key in pending:
-                if key not in self._observed:
-                    continue
-                try:
-                    registered = await self._keynotify(key, stop=False, timeout=None)
-                    value, version = await self.get(key)
-                except (StateStoreError, SessionError) as exc:
-                    log.warning("could not re-register %r after reconnect: %s", key, exc)
-                    failed.append(key)
-                    continue
-                except Exception:
-                    # A bug must not end the catch-up silently: the key would never be
-                    # watched again. Say so, and try the key again.
-                    log.exception("re-registering %r after reconnect failed", key)
-                    failed.append(key)
-                    continue
-                self._catch_up_key(key, value, version, registered)
-            pending = failed
+            done = await asyncio.gather(*(caught_up(key) for key in pending))
+            pending = [key for key, ok in zip(pending, done, strict=True) if not ok]
             if pending:
                 await backoff.sleep()
+
+    async def _catch_up_one(self, key: bytes) -> bool:
+        """Registers `key` again and reads it; False if it is to be tried again."""
+        if key not in self._observed:
+            return True  # no longer watched
+        if not self.session.connected:
+            return False  # the next connection's catch-up reads it
+        try:
+            registered = await self._keynotify(key, stop=False, timeout=None)
+            value, version = await self.get(key)
+        except (StateStoreError, SessionError) as exc:
+            log.warning("could not re-register %r after reconnect: %s", key, exc)
+            return False
+        except Exception:
+            # A bug must not end the catch-up silently: the key would never be
+            # watched again. Say so, and try the key again.
+            log.exception("re-registering %r after reconnect failed", key)
+            return False
+        self._catch_up_key(key, value, version, registered)
+        return True
 
     def _catch_up_key(
         self, key: bytes, value: bytes | None, version: Hlc | None, registered: Hlc | None

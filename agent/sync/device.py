@@ -27,7 +27,7 @@ from agent.controller.interface import Controller, ControllerState, PointValue
 from agent.controller.profile import SET_POINT_ONLY, Profile
 from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Rules, parsed
-from agent.sync.device_record import DeviceRecord
+from agent.sync.device_record import DeviceRecord, Written
 from agent.sync.point import PointSync
 from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
 from agent.sync.state_file import StateFile
@@ -214,7 +214,8 @@ class DeviceSync:
 
     async def take_over(self, controller: Controller) -> bool:
         """Holds the controller from now on: fences the sync record and the line's name
-        (read, and written back with this instance's token), names the line if it is not
+        (read, and written back with this instance's token; a record the store does not
+        have is written from what this instance last synced), names the line if it is not
         named yet, then hands each point its part of the record to fence its own key and
         be reconciled by its worker once `start()`ed. True if the store showed a remote
         change the former active never applied, to any point. A device another line
@@ -233,6 +234,9 @@ class DeviceSync:
         except (StateStoreError, SessionError) as exc:
             self.log.warning("could not read %s: %s", self.keys.record, exc)
             record_raw, record_version, line = None, None, None
+        else:
+            if record_raw is None:
+                await self._record_what_we_know()
         if line != self.keys.line_id.encode():
             await self._name_the_line()
         record = self._parse_record(record_raw)
@@ -247,6 +251,23 @@ class DeviceSync:
             )
         )
         return any(needs)
+
+    async def _record_what_we_know(self) -> None:
+        """The store has no record of the device (a store that restarted without its
+        contents, or a first run): what this instance last synced goes there at once, not
+        once the device is reconciled. Reconciling a line can take seconds, a unit that
+        does not answer forever; meanwhile the standby, which may have been away when the
+        record was lost, would know only an older sync, and take the unit's value, synced
+        since, for a panel change made while nobody drove the line."""
+        for name, point in self.points.items():
+            synced = point.status.synced
+            if synced.value is not None and synced.version is not None:
+                self.record.update(name, synced, point.status.pending)
+        written = await self.record.write()
+        if written in (Written.FAILED, Written.NOT_AUTHORIZED):
+            self.log.warning(
+                "could not write the sync record to %s: %s", self.keys.record, self.record.error
+            )
 
     async def check_served_elsewhere(self) -> bool:
         """Looks whether another line serves this device now; if so, leaves it alone

@@ -176,6 +176,36 @@ def test_a_store_that_forgets_everything_gets_the_set_point_back(rig: Rig) -> No
     assert active.proc.poll() is None
 
 
+def test_a_sync_the_emptied_store_forgot_is_not_taken_for_a_panel_change(rig: Rig) -> None:
+    """A 30-minute soak's remote change reverted. The active synced a panel change while the
+    standby was away; the store then restarted without its contents, the record with it; an
+    active took the lock again but could not reconcile the unit in time (here: a restarted
+    process, and a unit that does not answer). The standby knew only its older sync: when it
+    took over, the unit's value looked like a panel change made meanwhile and was published
+    over a remote change written to the emptied store. An active that takes over a store
+    without the device's record now writes what it last synced there at once, before it
+    reconciles anything, so that its standby knows it."""
+    active, standby = start_pair(rig)
+    standby.signal(signal.SIGKILL)  # its state file keeps 20.0
+    rig.panel(18.5)
+    rig.wait_key(RECORD_KEY, lambda record: record is not None and b'"value":18.5' in record)
+    active.signal(signal.SIGKILL)  # its state file keeps 18.5
+    rig.fault("SILENT", 60)  # the unit stops answering: nothing is reconciled
+    rig.store_restart_forgetting()
+    active = rig.start_agent("a")
+    active.wait_for_new(ACTIVE, timeout=10)
+    standby = rig.start_agent("b")  # reads the record as it starts
+    standby.wait_for_new(STANDBY)
+    assert rig.remote_set(b"24.5") == b"+OK\r\n"  # the active cannot apply it: no answer
+    active.signal(signal.SIGKILL)
+    rig.fault("CLEAR")  # the unit answers again, still at the panel change's 18.5
+    standby.wait_for_new(ACTIVE, timeout=10)
+    rig.wait_device(lambda d: d.setpoint == 24.5)
+    rig.wait_store_value(b"24.5")
+    standby.drain()
+    assert not any("published set point 18.5" in line for line in standby.lines)
+
+
 # ------------------------------------------------------------------ 5. a lease on a slow link
 
 

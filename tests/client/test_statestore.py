@@ -10,7 +10,7 @@ from unittest.mock import ANY
 
 import pytest
 
-from agent.client import errors
+from agent.client import errors, statestore
 from agent.client.session import Message, NotConnected, Session
 from agent.client.statestore import EARLIER_KEPT, Condition, KeyChange, StateStoreClient
 from agent.protocol import topics
@@ -470,6 +470,36 @@ async def test_catch_up_survives_an_unexpected_error_and_keys_stay_watched(
     assert any("re-registering" in r.getMessage() for r in caplog.records)
     await client.set(key, b"live")  # registered again: a live notification
     assert (await changes.next()).value == b"live"
+
+
+async def test_catch_up_reads_a_few_keys_at_a_time_and_misses_none(
+    store_backend: StoreBackend, connect: Callable[..., asyncio.Future[StateStoreClient]]
+) -> None:
+    client = await connect()
+    keys = [unique() for _ in range(40)]
+    changes = Changes()
+    for key in keys:
+        await client.observe(key, changes)
+    real_get = client.get
+    reading = most = 0
+
+    async def counted_get(*args: object, **kwargs: object) -> object:
+        nonlocal reading, most
+        reading += 1
+        most = max(most, reading)
+        try:
+            return await real_get(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            reading -= 1
+
+    client.get = counted_get  # type: ignore[method-assign]
+    await store_backend.broker_down()
+    for key in keys:
+        store_backend.write_directly(key, b"set-while-away")
+    await store_backend.broker_up()
+    seen = {(await changes.next(within=10)).key for _ in keys}
+    assert seen == set(keys)
+    assert 1 < most <= statestore._CATCH_UP_IN_FLIGHT
 
 
 async def test_a_closed_client_does_nothing_on_reconnect(
