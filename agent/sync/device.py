@@ -27,7 +27,7 @@ from agent.controller.interface import Controller, ControllerState, PointValue
 from agent.controller.profile import SET_POINT_ONLY, Profile
 from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Rules, parsed
-from agent.sync.device_record import DeviceRecord, Written
+from agent.sync.device_record import DeviceRecord
 from agent.sync.point import PointSync
 from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
 from agent.sync.state_file import StateFile
@@ -259,15 +259,9 @@ class DeviceSync:
         does not answer forever; meanwhile the standby, which may have been away when the
         record was lost, would know only an older sync, and take the unit's value, synced
         since, for a panel change made while nobody drove the line."""
-        for name, point in self.points.items():
-            synced = point.status.synced
-            if synced.value is not None and synced.version is not None:
-                self.record.update(name, synced, point.status.pending)
-        written = await self.record.write()
-        if written in (Written.FAILED, Written.NOT_AUTHORIZED):
-            self.log.warning(
-                "could not write the sync record to %s: %s", self.keys.record, self.record.error
-            )
+        for point in self.points.values():
+            point.enter_in_record()
+        await self.setpoint.write_record()
 
     async def check_served_elsewhere(self) -> bool:
         """Looks whether another line serves this device now; if so, leaves it alone

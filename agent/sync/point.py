@@ -522,7 +522,7 @@ class PointSync:
         if decision.restore is not None:
             await self._publish(decision.restore, f"{shown} refused: {decision.reason}")
         else:
-            await self._write_record(self.status.synced, self.status.pending)
+            await self.write_record()
 
     async def _apply(
         self, decision: ApplyToController, controller_value: PointValue, read_after: float
@@ -531,7 +531,7 @@ class PointSync:
         pending = decisions.still_pending((*self.status.pending, intent), self.status.synced)
         # The write is recorded before it goes out: a write whose answer never comes, or
         # one this instance makes just before it is cut off, is known to be the agent's.
-        if not await self._write_record(self.status.synced, pending):
+        if not await self.write_record(pending):
             self.log.info("write of %s held back: its pending record was not written", intent.value)
             return None
         self.status.pending = pending
@@ -618,7 +618,7 @@ class PointSync:
                 # until the point syncs again (a takeover must not take the value for a
                 # panel change).
                 self._unanswered = value
-                await self._write_record(self.status.synced, self.status.pending)
+                await self.write_record()
                 self.reconcile_soon()
             return
         self._store_allowed(self.key)
@@ -673,12 +673,22 @@ class PointSync:
         await self._save_locally()
         if version is not None:
             self._unanswered = None  # synced at a version of the store's: settled
-            await self._write_record(synced, pending)
+            await self.write_record()
 
-    async def _write_record(self, synced: Synced, pending: tuple[Synced, ...]) -> bool:
-        """The device's sync record in the store with this point's entry, fenced; True once
-        the store has it (or the broker's rules refuse it: nobody reads it then)."""
-        self.record.update(self.name, synced, pending, unanswered=self._unanswered)
+    def enter_in_record(self) -> None:
+        """This point's last sync (and its writes in doubt) as its entry in the device's
+        record, to go out with the next write of it; nothing when it never synced."""
+        if self.status.synced.version is not None:
+            self.record.update(
+                self.name, self.status.synced, self.status.pending, unanswered=self._unanswered
+            )
+
+    async def write_record(self, pending: tuple[Synced, ...] | None = None) -> bool:
+        """The device's sync record in the store with this point's entry (its last sync, and
+        `pending` or else its writes in doubt), fenced; True once the store has it (or the
+        broker's rules refuse it: nobody reads it then)."""
+        pending = self.status.pending if pending is None else pending
+        self.record.update(self.name, self.status.synced, pending, unanswered=self._unanswered)
         written = await self.record.write()
         if written is Written.FENCED:
             self.status.counters.fenced_writes_rejected += 1
