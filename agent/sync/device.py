@@ -260,7 +260,8 @@ class DeviceSync:
         record was lost, would know only an older sync, and take the unit's value, synced
         since, for a panel change made while nobody drove the line."""
         for point in self.points.values():
-            point.enter_in_record()
+            if point.status.synced.version is not None:  # never synced: nothing to say
+                point.enter_in_record()
         await self.setpoint.write_record()
 
     async def check_served_elsewhere(self) -> bool:

@@ -4,9 +4,8 @@ at a time, so that decisions see a settled state.
 
 It lives as long as the process. While standby it follows the store: the point's values it
 sees and the sync record of the active, so that on takeover it knows what the former active
-last had on the controller. While active it holds the controller (its place on the bus)
-and keeps both sides equal, writing the device's sync record (agent.sync.device_record)
-after every sync.
+last had on the controller. While active it holds the controller (its place on the bus),
+keeps both sides equal, and writes the device's sync record after every sync (device_record).
 
 Work arrives in a mailbox with one slot per kind (the newest remote change, the newest
 poll reading that differs, a request to reconcile), served by one task per point: a burst
@@ -343,8 +342,7 @@ class PointSync:
         self.reconciled.set()
 
     def release(self) -> Controller | None:
-        """Stepping down: hands back the controller; pending work is dropped (the next
-        active reconciles)."""
+        """Stepping down: hands back the controller, drops pending work (the next reconciles)."""
         controller, self.controller = self.controller, None
         self._remote, self._reading, self._reconcile_wanted = None, None, False
         self._takeover = None
@@ -584,12 +582,11 @@ class PointSync:
     ) -> None:
         if not self._may_write():
             return
-        # The record says what was published, sent right after the value on the same
-        # connection (both written before either answer is awaited): a record with it in
-        # the store means the store had the value first, so that a takeover knows a later
-        # value in the store is newer, even if this instance dies before the value's
-        # version comes back to be recorded. Unless the store refused the value: then the
-        # store's value is older than that record (see decisions.published_marker).
+        # The record marking the value goes right behind it on the same connection (both
+        # sent before either answer is awaited): a record with the mark in the store means
+        # the store had the value first, so a takeover knows a later value there is newer,
+        # even if this instance dies before the version comes back. Unless the store refused
+        # the value: its value is then older than that record (decisions.published_marker).
         try:
             result = await self.record.publish_marked(
                 self.name,
@@ -675,20 +672,15 @@ class PointSync:
             self._unanswered = None  # synced at a version of the store's: settled
             await self.write_record()
 
-    def enter_in_record(self) -> None:
-        """This point's last sync (and its writes in doubt) as its entry in the device's
-        record, to go out with the next write of it; nothing when it never synced."""
-        if self.status.synced.version is not None:
-            self.record.update(
-                self.name, self.status.synced, self.status.pending, unanswered=self._unanswered
-            )
-
-    async def write_record(self, pending: tuple[Synced, ...] | None = None) -> bool:
-        """The device's sync record in the store with this point's entry (its last sync, and
-        `pending` or else its writes in doubt), fenced; True once the store has it (or the
-        broker's rules refuse it: nobody reads it then)."""
+    def enter_in_record(self, pending: tuple[Synced, ...] | None = None) -> None:
+        """Its last sync and `pending` (else its writes in doubt) as its record entry."""
         pending = self.status.pending if pending is None else pending
         self.record.update(self.name, self.status.synced, pending, unanswered=self._unanswered)
+
+    async def write_record(self, pending: tuple[Synced, ...] | None = None) -> bool:
+        """The device's sync record in the store with this point's entry, fenced; True once
+        the store has it (or the broker's rules refuse it: nobody reads it then)."""
+        self.enter_in_record(pending)
         written = await self.record.write()
         if written is Written.FENCED:
             self.status.counters.fenced_writes_rejected += 1
