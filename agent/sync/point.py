@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
-from agent.client.session import SessionError
+from agent.client.session import LostInFlight, SessionError
 from agent.client.statestore import Condition, KeyChange, StateStoreClient
 from agent.controller import points
 from agent.controller.interface import (
@@ -64,6 +64,7 @@ from agent.sync.history import StoreHistory
 from agent.sync.record import PointRecord, Refusal
 from agent.sync.state_file import StateFile
 from agent.sync.status import SyncStatus
+from agent.sync.store_errors import StoreErrors
 
 Decide = Callable[[PointValue, Rules], Decision]
 """Decides on the point's value as the unit holds it and the rules a remote value keeps."""
@@ -73,12 +74,6 @@ _FENCE_ATTEMPTS = 3
 _DECIDE_AGAIN = 3
 """How often a remote change is decided anew on a newer reading before it waits for the
 next event."""
-_WHAT_A_REFUSAL_COSTS = {
-    "write": "changes made at the controller are not published",
-    "read": "the device is not kept in sync",
-    "write the sync record to": "a takeover knows less of what this instance synced",
-    "write the line's name to": "remote writers cannot find the device's line",
-}
 
 
 class PointSync:
@@ -113,6 +108,7 @@ class PointSync:
             synced=synced, pending=decisions.still_pending(state_file.load_pending(), synced)
         )
         self.log = log
+        self._errors = StoreErrors(self.status.counters, log)
         self._may_write = may_write
         self._busy = asyncio.Lock()
         self._seen: deque[Synced] = deque(maxlen=SEEN_WHILE_STANDBY)
@@ -125,7 +121,6 @@ class PointSync:
         self._reconcile_wanted = False
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
-        self._refused: set[str] = set()  # keys the broker's rules refuse us, said once
         self._takeover: Synced | None = None
         self._published: PointValue | None = None
         """What the former active's record says it published last (see record.py)."""
@@ -228,6 +223,9 @@ class PointSync:
         if entry is None:
             return
         self._published = entry.published if entry.published is not None else entry.unanswered
+        own, theirs = self.status.synced.version, entry.synced.version
+        if theirs is not None and (own is None or theirs > own):
+            self._unanswered = None  # the point synced since, at the other instance
         synced = decisions.newer(self.status.synced, entry.synced)
         pending = decisions.still_pending((*self.status.pending, *entry.pending), synced)
         if (synced, pending) != (self.status.synced, self.status.pending):
@@ -253,7 +251,7 @@ class PointSync:
             self.serve_unfenced(controller)
             return False
         except (StateStoreError, SessionError) as exc:
-            self._store_failed(exc, self.key, "read")
+            self._errors.failed(exc, self.key, "read")
             self.reconcile_soon()
             self.reconciled.set()
             return False
@@ -277,6 +275,13 @@ class PointSync:
                     self._what,
                     entry.published,
                 )
+        if self._published is None and (entry is None or entry.published is None):
+            # Our own publish whose answer never came, and no sync known since: the store may
+            # have had it (one that restarted without its contents forgot the record saying
+            # so, and the former active may not have known).
+            self._published = self._unanswered
+        # Until the takeover's reconcile settles it, every record says what we believe.
+        self.enter_in_record(synced=decisions.newer(self.status.synced, synced))
         self._takeover = synced
         self._wake.set()
         return store_version is not None and (
@@ -294,7 +299,7 @@ class PointSync:
             try:
                 store_raw, store_version = await self.client.get(self.key)
             except (StateStoreError, SessionError) as exc:
-                self._store_failed(exc, self.key, "read")
+                self._errors.failed(exc, self.key, "read")
                 self.reconcile_soon()
                 return
 
@@ -312,6 +317,7 @@ class PointSync:
             await self._run_locked("takeover", decide)
         self._seen.clear()
         self._published = None
+        self.enter_in_record()
 
     async def fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
         """Reads a key and writes the same value back with this instance's token, only if it
@@ -325,10 +331,10 @@ class PointSync:
             try:
                 fenced = await self.lock.fenced_set(key, value, condition=Condition.NEX)
             except NotAuthorized as exc:
-                self._store_failed(exc, key, writing)
+                self._errors.failed(exc, key, writing)
                 break
             if fenced.applied:
-                self._store_allowed(key)
+                self._errors.allowed(key)
                 break
             value, version = await self.client.get(key)  # written meanwhile: once more
         return value, version
@@ -404,7 +410,7 @@ class PointSync:
             try:
                 raw, version = await self.client.get(self.key)
             except (StateStoreError, SessionError) as exc:
-                self._store_failed(exc, self.key, "read")
+                self._errors.failed(exc, self.key, "read")
                 return
             await self._run_locked(
                 "reconcile",
@@ -609,16 +615,16 @@ class PointSync:
         except LockNotHeld:
             return
         except (StateStoreError, SessionError) as exc:
-            self._store_failed(exc, self.key, "write")
-            if isinstance(exc, TimeoutError):
-                # Unanswered: the store may have it. Every record from now on says so,
-                # until the point syncs again (a takeover must not take the value for a
-                # panel change).
+            self._errors.failed(exc, self.key, "write")
+            if isinstance(exc, (TimeoutError, LostInFlight)):
+                # Unanswered (timed out, or the link lost with it sent): the store may have
+                # it. Every record from now on says so, until the point syncs again (a
+                # takeover must not take the value for a panel change).
                 self._unanswered = value
                 await self.write_record()
                 self.reconcile_soon()
             return
-        self._store_allowed(self.key)
+        self._errors.allowed(self.key)
         if not result.applied:
             # Written meanwhile (a remote change to an empty store): compare anew, with the
             # value read as the base if nothing was synced yet.
@@ -635,29 +641,6 @@ class PointSync:
         )
         await self._record(value, result.version)
 
-    def _store_failed(self, exc: Exception, key: str, doing: str) -> None:
-        """Counts a store error; a refusal by the broker's rules is said once per key (and
-        again only after it was allowed in between), naming the key and what it costs."""
-        if isinstance(exc, NotAuthorized):
-            self.status.counters.not_authorized += 1
-            if key not in self._refused:
-                self._refused.add(key)
-                self.log.error(
-                    "the store refuses to let this agent %s %s (not authorized by the "
-                    "broker's rules): %s",
-                    doing,
-                    key,
-                    _WHAT_A_REFUSAL_COSTS.get(doing, "this is skipped"),
-                )
-            return
-        self.status.counters.store_errors += 1
-        self.log.warning("could not %s %s: %s", doing, key, exc)
-
-    def _store_allowed(self, key: str) -> None:
-        if key in self._refused:
-            self._refused.discard(key)
-            self.log.info("the store lets this agent use %s again", key)
-
     async def _record(self, value: PointValue, version: Hlc | None) -> None:
         """Both sides agree on `value` at `version`: remember it, on disk and in the store
         (the sync record, for whoever takes over next)."""
@@ -669,13 +652,19 @@ class PointSync:
         self.status.synced_at = time.time()
         await self._save_locally()
         if version is not None:
-            self._unanswered = None  # synced at a version of the store's: settled
+            self._unanswered = self._published = None  # synced at a store version: settled
             await self.write_record()
 
-    def enter_in_record(self, pending: tuple[Synced, ...] | None = None) -> None:
-        """Its last sync and `pending` (else its writes in doubt) as its record entry."""
+    def enter_in_record(
+        self, pending: tuple[Synced, ...] | None = None, *, synced: Synced | None = None
+    ) -> None:
+        """Its last sync (or `synced`) and `pending` (else its writes in doubt) as its record
+        entry; beside them a publish the store may have: while a takeover is not reconciled
+        yet, the one it counts as the store's (see take_over), else our own unanswered one."""
         pending = self.status.pending if pending is None else pending
-        self.record.update(self.name, self.status.synced, pending, unanswered=self._unanswered)
+        synced = self.status.synced if synced is None else synced
+        unanswered = self._published if self._published is not None else self._unanswered
+        self.record.update(self.name, synced, pending, unanswered=unanswered)
 
     async def write_record(self, pending: tuple[Synced, ...] | None = None) -> bool:
         """The device's sync record in the store with this point's entry, fenced; True once
@@ -687,10 +676,10 @@ class PointSync:
             self.log.warning("store refused our sync record: a newer active wrote")
         elif written in (Written.NOT_AUTHORIZED, Written.FAILED):
             assert self.record.error is not None
-            self._store_failed(self.record.error, self.record.key, "write the sync record to")
+            self._errors.failed(self.record.error, self.record.key, "write the sync record to")
             return written is Written.NOT_AUTHORIZED
         elif written is Written.OK:
-            self._store_allowed(self.record.key)
+            self._errors.allowed(self.record.key)
         return written is Written.OK
 
     async def _save_locally(self) -> None:

@@ -206,6 +206,41 @@ def test_a_sync_the_emptied_store_forgot_is_not_taken_for_a_panel_change(rig: Ri
     assert not any("published set point 18.5" in line for line in standby.lines)
 
 
+def test_a_publish_the_emptied_store_forgot_is_still_counted_by_the_next_active(
+    rig: Rig,
+) -> None:
+    """A 10-minute soak's remote change reverted (seed 621). The active published a panel
+    change and its record marking it; the store took both, its answers never came back, and
+    the store restarted without its contents. The standby, which had followed the mark,
+    took over the emptied store but could not reconcile the unit (here: it does not answer);
+    the record it wrote there said its own older sync and not the mark, and it was killed.
+    The next active (a process just restarted, which remembers nothing of its publish) took
+    the unit's value for a panel change and published it over a remote change written to
+    the emptied store. A takeover's records now carry the publish it counts as the store's
+    until it has reconciled the unit."""
+    active, _ = rig.start_active("a", via_proxy=True)
+    standby = rig.start_agent("b")
+    standby.wait_for_new(STANDBY)
+    rig.background.call(lambda: rig.proxies["a"].blackhole("out"))  # no answer reaches a
+    rig.panel(18.5)
+    rig.wait_key(RECORD_KEY, lambda record: record is not None and b'"published":18.5' in record)
+    rig.wait_store_value(b"18.5")
+    active.signal(signal.SIGKILL)
+    rig.fault("SILENT", 60)  # the unit stops answering: nothing is reconciled
+    rig.store_restart_forgetting()
+    standby.wait_for_new(ACTIVE, timeout=10)
+    rig.wait_key(RECORD_KEY, lambda record: record is not None)  # what it knows, at once
+    assert rig.remote_set(b"24.5") == b"+OK\r\n"  # the active cannot apply it: no answer
+    standby.signal(signal.SIGKILL)
+    active = rig.start_agent("a")
+    active.wait_for_new(ACTIVE, timeout=10)
+    rig.fault("CLEAR")  # the unit answers again, still at the panel change's 18.5
+    rig.wait_device(lambda d: d.setpoint == 24.5)
+    rig.wait_store_value(b"24.5")
+    active.drain()
+    assert not any("published set point 18.5" in line for line in active.lines)
+
+
 # ------------------------------------------------------------------ 5. a lease on a slow link
 
 
