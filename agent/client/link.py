@@ -32,7 +32,6 @@ from agent.client.credentials import Credentials
 from agent.client.gmqtt_client import GmqttClient
 from agent.client.session_errors import (
     V311_UNACCEPTABLE_PROTOCOL,
-    LostInFlight,
     NotConnected,
     SessionTimeout,
     SettingNames,
@@ -170,7 +169,7 @@ class Link:
             self.window.release()
             if not ack.done():
                 ack.set_exception(
-                    LostInFlight(f"lost the connection to {self.where} before the acknowledgement")
+                    NotConnected(f"lost the connection to {self.where} before the acknowledgement")
                 )
                 # Nobody may be waiting any more (the caller timed out): don't warn about it.
                 ack.exception()

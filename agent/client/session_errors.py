@@ -104,12 +104,6 @@ class NotConnected(SessionError, ConnectionError):
     """The session has no connection to the broker (or lost it before the acknowledgement)."""
 
 
-class LostInFlight(NotConnected):
-    """The connection was lost after the message went out and before its acknowledgement:
-    the broker may have it, and acted on it (a state store request may have been carried
-    out). Unlike a plain NotConnected, which means nothing was sent."""
-
-
 class SessionTimeout(SessionError, TimeoutError):
     """A connect, publish, subscribe or unsubscribe did not complete within its timeout."""
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
-from agent.client.session import LostInFlight, SessionError
+from agent.client.session import SessionError
 from agent.client.statestore import Condition, KeyChange, StateStoreClient
 from agent.controller import points
 from agent.controller.interface import (
@@ -188,8 +188,13 @@ class PointSync:
                 try:
                     if self._takeover is not None:
                         record, self._takeover = self._takeover, None
-                        await self._reconcile_at_takeover(record)
+                        decided = await self._reconcile_at_takeover(record)
                         self.reconciled.set()
+                        if not decided and self.controller is not None:
+                            # The store or the unit did not answer: the takeover's base
+                            # still decides, at the next event (a reading, a change).
+                            self._takeover = record
+                            break
                     elif self._reconcile_wanted:
                         self._reconcile_wanted = False
                         await self.reconcile()
@@ -223,9 +228,6 @@ class PointSync:
         if entry is None:
             return
         self._published = entry.published if entry.published is not None else entry.unanswered
-        own, theirs = self.status.synced.version, entry.synced.version
-        if theirs is not None and (own is None or theirs > own):
-            self._unanswered = None  # the point synced since, at the other instance
         synced = decisions.newer(self.status.synced, entry.synced)
         pending = decisions.still_pending((*self.status.pending, *entry.pending), synced)
         if (synced, pending) != (self.status.synced, self.status.pending):
@@ -275,12 +277,8 @@ class PointSync:
                     self._what,
                     entry.published,
                 )
-        if self._published is None and (entry is None or entry.published is None):
-            # Our own publish whose answer never came, and no sync known since: the store may
-            # have had it (one that restarted without its contents forgot the record saying
-            # so, and the former active may not have known).
-            self._published = self._unanswered
-        # Until the takeover's reconcile settles it, every record says what we believe.
+        # Until the takeover's reconcile decides, every record names the publish it counts as
+        # the store's (a store that lost its contents lost the record that named it).
         self.enter_in_record(synced=decisions.newer(self.status.synced, synced))
         self._takeover = synced
         self._wake.set()
@@ -288,10 +286,11 @@ class PointSync:
             synced.version is None or store_version > synced.version
         )
 
-    async def _reconcile_at_takeover(self, record: Synced | None) -> None:
+    async def _reconcile_at_takeover(self, record: Synced | None) -> bool:
         """Brings the three together: what the former active last had on the controller
         (its record, a write of its still pending, or a value seen in the store since), the
-        store, and the controller."""
+        store, and the controller. False if it could not decide (nothing read)."""
+        decided = False
         seen = [*self._seen, *self.status.pending]
         async with self._busy:
             # Read inside the operation: the fence's reading may be old by now (a remote
@@ -300,12 +299,13 @@ class PointSync:
                 store_raw, store_version = await self.client.get(self.key)
             except (StateStoreError, SessionError) as exc:
                 self._errors.failed(exc, self.key, "read")
-                self.reconcile_soon()
-                return
+                return False
 
             published = self._published
 
             def decide(value: PointValue, rules: Rules) -> Decision:
+                nonlocal decided
+                decided = True
                 base = decisions.takeover_base(self.status.synced, record, seen, value, published)
                 if base != self.status.synced:
                     self.log.info(
@@ -315,9 +315,11 @@ class PointSync:
                 return decisions.reconcile(base, store_raw, store_version, value, rules)
 
             await self._run_locked("takeover", decide)
-        self._seen.clear()
-        self._published = None
-        self.enter_in_record()
+        if decided:
+            self._seen.clear()
+            self._published = None
+            self.enter_in_record()
+        return decided
 
     async def fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
         """Reads a key and writes the same value back with this instance's token, only if it
@@ -616,10 +618,10 @@ class PointSync:
             return
         except (StateStoreError, SessionError) as exc:
             self._errors.failed(exc, self.key, "write")
-            if isinstance(exc, (TimeoutError, LostInFlight)):
-                # Unanswered (timed out, or the link lost with it sent): the store may have
-                # it. Every record from now on says so, until the point syncs again (a
-                # takeover must not take the value for a panel change).
+            if isinstance(exc, TimeoutError):
+                # Unanswered: the store may have it. Every record from now on says so,
+                # until the point syncs again (a takeover must not take the value for a
+                # panel change).
                 self._unanswered = value
                 await self.write_record()
                 self.reconcile_soon()

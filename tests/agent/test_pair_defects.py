@@ -241,6 +241,33 @@ def test_a_publish_the_emptied_store_forgot_is_still_counted_by_the_next_active(
     assert not any("published set point 18.5" in line for line in active.lines)
 
 
+def test_a_takeover_that_cannot_read_the_unit_still_decides_on_the_former_publish(
+    rig: Rig,
+) -> None:
+    """A 30-minute soak's remote change reverted. The active published a panel change (its
+    answer lost) and was killed; the standby, which had followed the record marking it, took
+    over while the unit did not answer, so its reconcile at the takeover decided nothing, and
+    the mark was dropped with it. When the unit answered again, a remote change made
+    meanwhile arrived on a sync that no longer knew the unit's value had reached the store,
+    and the value was published over it. The takeover now decides first, once it can."""
+    active, _ = rig.start_active("a", via_proxy=True)
+    standby = rig.start_agent("b")
+    standby.wait_for_new(STANDBY)
+    rig.background.call(lambda: rig.proxies["a"].blackhole("out"))  # no answer reaches a
+    rig.panel(18.5)
+    rig.wait_key(RECORD_KEY, lambda record: record is not None and b'"published":18.5' in record)
+    rig.fault("SILENT", 60)  # the unit stops answering
+    active.signal(signal.SIGKILL)
+    standby.wait_for_new(ACTIVE, timeout=10)
+    assert rig.remote_set(b"24.5") == b"+OK\r\n"
+    time.sleep(1.0)  # the fault: a unit silent for a while after the takeover
+    rig.fault("CLEAR")  # it answers again, at the panel change's 18.5
+    rig.wait_device(lambda d: d.setpoint == 24.5)
+    rig.wait_store_value(b"24.5")
+    standby.drain()
+    assert not any("published set point 18.5" in line for line in standby.lines)
+
+
 # ------------------------------------------------------------------ 5. a lease on a slow link
 
 
