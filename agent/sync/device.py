@@ -239,6 +239,7 @@ class DeviceSync:
                 await self._record_what_we_know()
         if line != self.keys.line_id.encode():
             await self._name_the_line()
+        await self._fence_readings()
         record = self._parse_record(record_raw)
         if record is not None:
             self.record.refused = record.refused
@@ -251,6 +252,26 @@ class DeviceSync:
             )
         )
         return any(needs)
+
+    async def _fence_readings(self) -> None:
+        """Fences the keys of the readings it publishes (its read-only points): the store
+        fences a key by the token of its last write, so a former active paused between its
+        last look at its lease and a write of a reading would otherwise still be accepted."""
+        keys = [
+            self.keys.of(name)
+            for name, rules in self.profile.points.items()
+            if rules.store_deadband is not None and not points.point(name).writable
+        ]
+        fenced = await asyncio.gather(
+            *(self.setpoint.fence(key, "write") for key in keys), return_exceptions=True
+        )
+        for key, result in zip(keys, fenced, strict=True):
+            if isinstance(result, (StateStoreError, SessionError)):
+                self.log.debug("could not fence %s: %s", key, result)
+            elif isinstance(result, BaseException) and not isinstance(
+                result, (LockNotHeld, FencingTokenLowerVersion)
+            ):
+                raise result
 
     async def _record_what_we_know(self) -> None:
         """The store has no record of the device (a store that restarted without its

@@ -468,7 +468,13 @@ class PointSync:
                 self.log.warning("%s: the unit's reading has no %s", what, self.name)
                 return
             await self._settle(value)
-            decision = decide(value, self._rules(state))
+            rules = self._rules(state)
+            if controller.limits is None:
+                # The unit left the line since its limits were read: a remote value is not
+                # judged without them (refused, a panel value would be restored over it).
+                self.log.debug("%s: the unit is away; deciding when it is back", what)
+                return
+            decision = decide(value, rules)
             changed = await self._carry_out(what, decision, value, started)
             if changed is None or self.controller is None or not self._may_write():
                 return

@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.controller.interface import PointValue
+from agent.protocol.hlc import Hlc
+from agent.protocol.resp3 import encode_request
 from tests.ops.support import command
 from tests.support.points_rig import AT_START, WRITABLE, PointsRig
 from tests.support.rig import ACTIVE, STANDBY
@@ -101,6 +104,35 @@ def test_no_point_change_is_lost_or_reverted_across_a_failover(line: PointsRig) 
         assert line.point_writes(2, point) == [], point  # the panel's values never written over
         assert line.point_writes(3, point) == [REMOTE[point]], point
     assert line.wire_violations() == []
+
+
+def test_a_takeover_fences_the_readings_it_publishes(line: PointsRig) -> None:
+    """A 30-minute soak: the active, paused between its last look at its lease and its write
+    of a reading (humidity), wrote it after the standby had taken over, and the store took it:
+    it fences a key by the token of its last write, and nobody had written that key since.
+    A takeover fences the keys of the readings it publishes, as it does its points'."""
+    line.start_active("a")
+    second = line.start_agent("b")
+    second.wait_for_new(STANDBY)
+    line.panel_point(3, "humidity", 61.0)
+    line.wait_points({(3, "humidity"): 61.0})
+    key = line.point_key(3, "humidity").encode()
+    line.fault("SILENT", 60)  # the next active publishes no reading of its own meanwhile
+    line.agents[0].signal(signal.SIGSTOP)  # its lease runs out
+    second.wait_for_new(ACTIVE, timeout=10)
+
+    def late_write() -> bytes:  # the former active's, with its token
+        now = str(Hlc(time.time_ns() // 1_000_000, 0, "late"))
+        request = encode_request([b"SET", key, b"61.0"])
+        return bytes(line.store.store.handle("agent-a", request, now, former).reply.payload)
+
+    # The token of its last write of the key (it moves on with every renewal of the lease).
+    former = [e.token for e in line.store_events if e.key == key and e.accepted][-1]
+    deadline = time.monotonic() + 10
+    while (answer := line.background.call(late_write)) == b"+OK\r\n":
+        assert time.monotonic() < deadline, "the reading's key was never fenced"
+        time.sleep(0.05)  # until the takeover has fenced it
+    assert b"lower version than the fencing token" in answer, answer
 
 
 @pytest.mark.parametrize(
