@@ -91,6 +91,12 @@ class DeviceSync:
                 self._rules_for(name),
             )
         self.setpoint = self.points["setPoint"]
+        self._readings = {
+            name: rules.store_deadband
+            for name, rules in profile.points.items()
+            if rules.store_deadband is not None and not points.point(name).writable
+        }
+        """Read-only points the profile keeps in the store, with the move that publishes one."""
         self._stored: dict[str, float] = {}
         """Read-only points last published to the store (the profile asks for some)."""
         self._storing: set[str] = set()
@@ -257,21 +263,15 @@ class DeviceSync:
         """Fences the keys of the readings it publishes (its read-only points): the store
         fences a key by the token of its last write, so a former active paused between its
         last look at its lease and a write of a reading would otherwise still be accepted."""
-        keys = [
-            self.keys.of(name)
-            for name, rules in self.profile.points.items()
-            if rules.store_deadband is not None and not points.point(name).writable
-        ]
-        fenced = await asyncio.gather(
-            *(self.setpoint.fence(key, "write") for key in keys), return_exceptions=True
-        )
-        for key, result in zip(keys, fenced, strict=True):
-            if isinstance(result, (StateStoreError, SessionError)):
-                self.log.debug("could not fence %s: %s", key, result)
-            elif isinstance(result, BaseException) and not isinstance(
-                result, (LockNotHeld, FencingTokenLowerVersion)
-            ):
-                raise result
+        await asyncio.gather(*(self._fence_reading(self.keys.of(n)) for n in self._readings))
+
+    async def _fence_reading(self, key: str) -> None:
+        try:
+            await self.setpoint.fence(key, "write")
+        except LockNotHeld:
+            pass  # lost already: the lock says so
+        except (StateStoreError, SessionError) as exc:  # a newer active's token among them
+            self.log.debug("could not fence %s: %s", key, exc)
 
     async def _record_what_we_know(self) -> None:
         """The store has no record of the device (a store that restarted without its
@@ -371,14 +371,12 @@ class DeviceSync:
     def _to_store(self, state: ControllerState) -> dict[str, float]:
         """Read-only points the profile keeps in the store that moved by their deadband."""
         moved: dict[str, float] = {}
-        for name, rules in self.profile.points.items():
-            if rules.store_deadband is None or points.point(name).writable:
-                continue
+        for name, deadband in self._readings.items():
             value = state.value(name)
             if not isinstance(value, float):
                 continue
             last = self._stored.get(name)
-            if last is None or abs(value - last) >= rules.store_deadband:
+            if last is None or abs(value - last) >= deadband:
                 moved[name] = value
         return moved
 

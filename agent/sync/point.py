@@ -290,7 +290,6 @@ class PointSync:
         """Brings the three together: what the former active last had on the controller
         (its record, a write of its still pending, or a value seen in the store since), the
         store, and the controller. False if it could not decide (nothing read)."""
-        decided = False
         seen = [*self._seen, *self.status.pending]
         async with self._busy:
             # Read inside the operation: the fence's reading may be old by now (a remote
@@ -304,8 +303,6 @@ class PointSync:
             published = self._published
 
             def decide(value: PointValue, rules: Rules) -> Decision:
-                nonlocal decided
-                decided = True
                 base = decisions.takeover_base(self.status.synced, record, seen, value, published)
                 if base != self.status.synced:
                     self.log.info(
@@ -314,7 +311,7 @@ class PointSync:
                     self.status.synced = base
                 return decisions.reconcile(base, store_raw, store_version, value, rules)
 
-            await self._run_locked("takeover", decide)
+            decided = await self._run_locked("takeover", decide)
         if decided:
             self._seen.clear()
             self._published = None
@@ -433,14 +430,14 @@ class PointSync:
         async with self._busy:
             await self._run_locked(what, decide)
 
-    async def _run_locked(self, what: str, decide: Decide, *, since: float | None = None) -> None:
+    async def _run_locked(self, what: str, decide: Decide, *, since: float | None = None) -> bool:
         """Reads the controller (or takes its newest reading, if taken after `since`),
         decides and carries the decision out; a write goes out only if the unit still holds
         what the decision saw, and one that finds it changed is decided again on the new
-        reading."""
+        reading. False when nothing was decided (the unit unread, away, or not driven)."""
         controller = self.controller
         if controller is None or not self._may_write():
-            return
+            return False
         started = time.monotonic() if since is None else since
         state = controller.last_state
         state_at = controller.last_state_at
@@ -460,24 +457,23 @@ class PointSync:
         except ControllerFault as exc:
             self.status.controller_fault(exc)
             self.log.debug("%s: controller not readable: %s", what, exc)
-            return
+            return False
         self.status.controller = "ok"
         for _ in range(_DECIDE_AGAIN):
             value = state.value(self.name)
             if value is None:
                 self.log.warning("%s: the unit's reading has no %s", what, self.name)
-                return
+                return False
             await self._settle(value)
-            rules = self._rules(state)
             if controller.limits is None:
                 # The unit left the line since its limits were read: a remote value is not
                 # judged without them (refused, a panel value would be restored over it).
                 self.log.debug("%s: the unit is away; deciding when it is back", what)
-                return
-            decision = decide(value, rules)
+                return False
+            decision = decide(value, self._rules(state))
             changed = await self._carry_out(what, decision, value, started)
             if changed is None or self.controller is None or not self._may_write():
-                return
+                return True
             self.log.info(
                 "%s: the controller's %s changed to %s before the write went out: deciding again",
                 what,
@@ -485,6 +481,7 @@ class PointSync:
                 changed.value(self.name),
             )
             state = changed
+        return True
 
     async def _settle(self, controller_value: PointValue) -> None:
         """A controller that holds a write of ours still pending holds our write, not a

@@ -176,6 +176,28 @@ def test_a_store_that_forgets_everything_gets_the_set_point_back(rig: Rig) -> No
     assert active.proc.poll() is None
 
 
+def publish_with_its_answer_lost(rig: Rig) -> tuple[AgentProcess, AgentProcess]:
+    """A pair; a panel change (18.5) the active publishes with the record marking it, both
+    taken by the store, the answers never reaching the active (the standby follows the
+    mark). Returns (active, standby)."""
+    active, _ = rig.start_active("a", via_proxy=True)
+    standby = rig.start_agent("b")
+    standby.wait_for_new(STANDBY)
+    rig.background.call(lambda: rig.proxies["a"].blackhole("out"))  # no answer reaches a
+    rig.panel(18.5)
+    rig.wait_key(RECORD_KEY, lambda record: record is not None and b'"published":18.5' in record)
+    return active, standby
+
+
+def the_remote_change_wins_over_the_panel_value(agent: AgentProcess, rig: Rig) -> None:
+    """The remote 24.5, made after the panel's 18.5 reached the store, ends on both sides;
+    `agent` never published 18.5 over it."""
+    rig.wait_device(lambda d: d.setpoint == 24.5)
+    rig.wait_store_value(b"24.5")
+    agent.drain()
+    assert not any("published set point 18.5" in line for line in agent.lines)
+
+
 def test_a_sync_the_emptied_store_forgot_is_not_taken_for_a_panel_change(rig: Rig) -> None:
     """A 30-minute soak's remote change reverted. The active synced a panel change while the
     standby was away; the store then restarted without its contents, the record with it; an
@@ -200,10 +222,7 @@ def test_a_sync_the_emptied_store_forgot_is_not_taken_for_a_panel_change(rig: Ri
     active.signal(signal.SIGKILL)
     rig.fault("CLEAR")  # the unit answers again, still at the panel change's 18.5
     standby.wait_for_new(ACTIVE, timeout=10)
-    rig.wait_device(lambda d: d.setpoint == 24.5)
-    rig.wait_store_value(b"24.5")
-    standby.drain()
-    assert not any("published set point 18.5" in line for line in standby.lines)
+    the_remote_change_wins_over_the_panel_value(standby, rig)
 
 
 def test_a_publish_the_emptied_store_forgot_is_still_counted_by_the_next_active(
@@ -218,12 +237,7 @@ def test_a_publish_the_emptied_store_forgot_is_still_counted_by_the_next_active(
     the unit's value for a panel change and published it over a remote change written to
     the emptied store. A takeover's records now carry the publish it counts as the store's
     until it has reconciled the unit."""
-    active, _ = rig.start_active("a", via_proxy=True)
-    standby = rig.start_agent("b")
-    standby.wait_for_new(STANDBY)
-    rig.background.call(lambda: rig.proxies["a"].blackhole("out"))  # no answer reaches a
-    rig.panel(18.5)
-    rig.wait_key(RECORD_KEY, lambda record: record is not None and b'"published":18.5' in record)
+    active, standby = publish_with_its_answer_lost(rig)
     rig.wait_store_value(b"18.5")
     active.signal(signal.SIGKILL)
     rig.fault("SILENT", 60)  # the unit stops answering: nothing is reconciled
@@ -235,10 +249,7 @@ def test_a_publish_the_emptied_store_forgot_is_still_counted_by_the_next_active(
     active = rig.start_agent("a")
     active.wait_for_new(ACTIVE, timeout=10)
     rig.fault("CLEAR")  # the unit answers again, still at the panel change's 18.5
-    rig.wait_device(lambda d: d.setpoint == 24.5)
-    rig.wait_store_value(b"24.5")
-    active.drain()
-    assert not any("published set point 18.5" in line for line in active.lines)
+    the_remote_change_wins_over_the_panel_value(active, rig)
 
 
 def test_a_takeover_that_cannot_read_the_unit_still_decides_on_the_former_publish(
@@ -250,22 +261,14 @@ def test_a_takeover_that_cannot_read_the_unit_still_decides_on_the_former_publis
     the mark was dropped with it. When the unit answered again, a remote change made
     meanwhile arrived on a sync that no longer knew the unit's value had reached the store,
     and the value was published over it. The takeover now decides first, once it can."""
-    active, _ = rig.start_active("a", via_proxy=True)
-    standby = rig.start_agent("b")
-    standby.wait_for_new(STANDBY)
-    rig.background.call(lambda: rig.proxies["a"].blackhole("out"))  # no answer reaches a
-    rig.panel(18.5)
-    rig.wait_key(RECORD_KEY, lambda record: record is not None and b'"published":18.5' in record)
+    active, standby = publish_with_its_answer_lost(rig)
     rig.fault("SILENT", 60)  # the unit stops answering
     active.signal(signal.SIGKILL)
     standby.wait_for_new(ACTIVE, timeout=10)
     assert rig.remote_set(b"24.5") == b"+OK\r\n"
     time.sleep(1.0)  # the fault: a unit silent for a while after the takeover
     rig.fault("CLEAR")  # it answers again, at the panel change's 18.5
-    rig.wait_device(lambda d: d.setpoint == 24.5)
-    rig.wait_store_value(b"24.5")
-    standby.drain()
-    assert not any("published set point 18.5" in line for line in standby.lines)
+    the_remote_change_wins_over_the_panel_value(standby, rig)
 
 
 # ------------------------------------------------------------------ 5. a lease on a slow link
