@@ -32,6 +32,7 @@ from agent.client.credentials import Credentials
 from agent.client.gmqtt_client import GmqttClient
 from agent.client.session_errors import (
     V311_UNACCEPTABLE_PROTOCOL,
+    LostInFlight,
     NotConnected,
     SessionTimeout,
     SettingNames,
@@ -152,7 +153,7 @@ class Link:
 
     def mark_lost(self, reason: int | None) -> bool:
         """Record the loss (keeping the first DISCONNECT reason), drop the connection, fail
-        what is in flight with NotConnected. Returns False when it was already lost."""
+        what is in flight with LostInFlight. Returns False when it was already lost."""
         if reason is not None and self.disconnect_reason is None:
             self.disconnect_reason = reason
         if self.lost.is_set():
@@ -169,7 +170,7 @@ class Link:
             self.window.release()
             if not ack.done():
                 ack.set_exception(
-                    NotConnected(f"lost the connection to {self.where} before the acknowledgement")
+                    LostInFlight(f"lost the connection to {self.where} before the acknowledgement")
                 )
                 # Nobody may be waiting any more (the caller timed out): don't warn about it.
                 ack.exception()

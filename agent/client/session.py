@@ -51,6 +51,7 @@ from agent.client.session_errors import (
     AuthenticationFailed,
     ConnectFailed,
     ConnectionRefused,
+    LostInFlight,
     NotConnected,
     ProtocolVersionRefused,
     PublishFailed,
@@ -73,6 +74,7 @@ __all__ = [
     "ConnectFailed",
     "ConnectionRefused",
     "Handler",
+    "LostInFlight",
     "Message",
     "NotConnected",
     "ProtocolVersionRefused",
@@ -395,8 +397,8 @@ class Session:
 
         Raises ``NotConnected`` at once while disconnected, unless ``wait_connected``: then the
         message is sent once the session is connected again, within ``timeout``.
-        ``NotConnected`` is also raised when the link drops before the PUBACK (the message may
-        or may not have reached the broker). ``PublishFailed`` on a PUBACK reason code >= 0x80,
+        ``LostInFlight`` (a ``NotConnected``) when the link drops before the PUBACK (the message
+        may or may not have reached the broker). ``PublishFailed`` on a PUBACK reason code >= 0x80,
         ``SessionTimeout`` when ``timeout`` (default ``request_timeout_s``) passes.
         """
         validate_topic_name(topic)

@@ -104,6 +104,11 @@ class NotConnected(SessionError, ConnectionError):
     """The session has no connection to the broker (or lost it before the acknowledgement)."""
 
 
+class LostInFlight(NotConnected):
+    """The connection dropped after a QoS 1 publish went out and before its acknowledgement:
+    the broker may have it, or not."""
+
+
 class SessionTimeout(SessionError, TimeoutError):
     """A connect, publish, subscribe or unsubscribe did not complete within its timeout."""
 
