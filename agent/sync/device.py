@@ -196,7 +196,7 @@ class DeviceSync:
         """A change of a point's key delivered to this instance (or its value when the
         watch began), active or standby: kept in the point's history."""
         sync = self.points[point]
-        sync.history.saw(parsed(sync.point, value), version)
+        sync.past.history.saw(parsed(sync.point, value), version)
 
     def follow_value(self, point: str, value: bytes | None, version: Any) -> None:
         self.points[point].follow_value(value, version)
@@ -228,6 +228,7 @@ class DeviceSync:
         serves is left alone (served_by)."""
         if await self.check_served_elsewhere():
             return False
+        self.record.forget_doubts()
         try:
             (record_raw, record_version), (line, _) = await asyncio.gather(
                 self.setpoint.fence(self.keys.record, "write the sync record to"),

@@ -13,11 +13,25 @@ from dataclasses import dataclass, field
 
 from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
-from agent.client.session import SessionError
+from agent.client.session import LostInFlight, SessionError
 from agent.client.statestore import SetResult
 from agent.controller.interface import Limits, PointValue
-from agent.sync.decisions import Synced, still_pending
-from agent.sync.record import PointRecord, Refusal, encode_record
+from agent.protocol.hlc import Hlc
+from agent.sync.decisions import Synced, same, still_pending
+from agent.sync.record import InvalidRecord, PointRecord, Refusal, encode_record, parse_full_record
+
+
+class MarkNotReadBack(StateStoreError):
+    """No record went out: the one marking a publish in doubt could not be read back first."""
+
+
+@dataclass(frozen=True, slots=True)
+class MarkedRecord:
+    """A point's entry as the store kept it in the record sent behind a publish in doubt,
+    and that record's version: the evidence a takeover has (`history.former_publish`)."""
+
+    entry: PointRecord
+    version: Hlc
 
 
 class Written(enum.Enum):
@@ -39,6 +53,11 @@ class DeviceRecord:
     error: Exception | None = None
     """The last write's failure (store error), for the caller's log."""
     _writing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _in_doubt: dict[str, tuple[PointValue, Hlc | None]] = field(default_factory=dict)
+    """Per point, a publish whose answer never came (timed out, or its connection lost), and
+    the token it went with: its marked record is read back before another record is sent."""
+    _read_back: dict[str, MarkedRecord | None] = field(default_factory=dict)
+    """Per point, what the read back found, until the point asks (None: no mark there)."""
 
     def update(
         self,
@@ -55,7 +74,53 @@ class DeviceRecord:
         if not self.may_write():
             return Written.NOT_DRIVING
         async with self._writing:
+            try:
+                await self._read_back_marks()
+            except (StateStoreError, SessionError) as exc:
+                self.error = exc
+                return Written.FAILED
             return await self._send()
+
+    def in_doubt(self, point: str) -> bool:
+        """A publish of the point's is in doubt and the point has not asked `read_back` yet."""
+        return point in self._in_doubt or point in self._read_back
+
+    async def read_back(self, point: str) -> MarkedRecord | None:
+        """For a point with a publish in doubt: its entry in the record read back, if that
+        record is the one sent behind the publish (it carries its mark and token). None when
+        the mark is not there: the record never reached the store (the publish may have).
+        Raises the store's error (the doubt stays)."""
+        async with self._writing:
+            await self._read_back_marks()
+            return self._read_back.pop(point, None)
+
+    def forget_doubts(self) -> None:
+        """At a takeover: the record it read is the evidence from now on."""
+        self._in_doubt.clear()
+        self._read_back.clear()
+
+    async def _read_back_marks(self) -> None:
+        """Reads the record back while a publish is in doubt, before another record can
+        overwrite the mark that tells whether the store had the publish first."""
+        if not self._in_doubt:
+            return
+        raw, version = await self.lock.client.get(self.key)
+        try:
+            record = None if raw is None else parse_full_record(raw)
+        except InvalidRecord:
+            record = None
+        for point, (value, token) in self._in_doubt.items():
+            entry = None if record is None else record.point(point)
+            if (
+                entry is not None
+                and version is not None
+                and entry.published_after == token
+                and same(entry.published, value)
+            ):
+                self._read_back[point] = MarkedRecord(entry, version)
+            else:
+                self._read_back[point] = None
+        self._in_doubt.clear()
 
     async def publish_marked(
         self,
@@ -79,13 +144,21 @@ class DeviceRecord:
         the value would tell a takeover that the unit's value is a panel change still to
         publish."""
         async with self._writing:
+            try:
+                await self._read_back_marks()
+            except (StateStoreError, SessionError) as exc:
+                raise MarkNotReadBack(f"{self.key}: {exc}") from exc
             token = self.lock.token
             self.entries[point] = PointRecord(synced, pending, value, unanswered, token)
             sent = asyncio.ensure_future(publish())
             marked = asyncio.ensure_future(self._send())
             after = PointRecord(synced, pending, unanswered=unanswered)
             try:
-                answer = await sent
+                try:
+                    answer = await sent
+                except (TimeoutError, LostInFlight):
+                    self._in_doubt[point] = (value, token)
+                    raise
                 if answer.applied and answer.version is not None:
                     now = Synced(value, answer.version)
                     after = PointRecord(now, still_pending(pending, now))

@@ -29,10 +29,9 @@ import contextlib
 import functools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 
-from agent.client.errors import FencingTokenLowerVersion, NotAuthorized, StateStoreError
+from agent.client.errors import FencingTokenLowerVersion, StateStoreError
 from agent.client.lock import LeasedLock, LockNotHeld
 from agent.client.session import SessionError
 from agent.client.statestore import Condition, KeyChange, StateStoreClient
@@ -59,8 +58,9 @@ from agent.sync.decisions import (
     Rules,
     Synced,
 )
-from agent.sync.device_record import DeviceRecord, Written
-from agent.sync.history import StoreHistory
+from agent.sync.device_record import DeviceRecord, MarkedRecord, Written
+from agent.sync.fence import fence
+from agent.sync.recollection import Recollection
 from agent.sync.record import PointRecord, Refusal
 from agent.sync.state_file import StateFile
 from agent.sync.status import SyncStatus
@@ -68,9 +68,6 @@ from agent.sync.store_errors import StoreErrors
 
 Decide = Callable[[PointValue, Rules], Decision]
 """Decides on the point's value as the unit holds it and the rules a remote value keeps."""
-SEEN_WHILE_STANDBY = 64
-"""A point's values kept while standby, newest last (see `decisions.takeover_base`)."""
-_FENCE_ATTEMPTS = 3
 _DECIDE_AGAIN = 3
 """How often a remote change is decided anew on a newer reading before it waits for the
 next event."""
@@ -111,9 +108,7 @@ class PointSync:
         self._errors = StoreErrors(self.status.counters, log)
         self._may_write = may_write
         self._busy = asyncio.Lock()
-        self._seen: deque[Synced] = deque(maxlen=SEEN_WHILE_STANDBY)
-        self.history = StoreHistory()
-        """Every change of the key delivered to this instance, in either role."""
+        self.past = Recollection(point)
         self.controller: Controller | None = None
         # The mailbox: the newest of each kind of work, and what wakes the worker.
         self._remote: tuple[float, KeyChange] | None = None  # (arrived, monotonic), change
@@ -122,8 +117,6 @@ class PointSync:
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._takeover: Synced | None = None
-        self._published: PointValue | None = None
-        """What the former active's record says it published last (see record.py)."""
         self._unanswered: PointValue | None = None
         """Our own publish whose answer never came, until the point syncs again."""
         self.reconciled = asyncio.Event()
@@ -213,13 +206,8 @@ class PointSync:
     # ------------------------------------------------------------------ standby
 
     def follow_value(self, value: bytes | None, version: Hlc | None) -> None:
-        """While standby: a value the store held (the active keeps both sides equal, so it
-        is a candidate for what the controller holds)."""
-        if value is None or version is None:
-            return
-        parsed = decisions.parsed(self.point, value)
-        if parsed is not None:
-            self._seen.append(Synced(parsed, version))
+        """While standby: a value the store held (see Recollection)."""
+        self.past.follow_value(value, version)
 
     async def follow_record(self, entry: PointRecord | None) -> None:
         """While standby: the point's entry in the active's sync record, kept as our own
@@ -227,7 +215,7 @@ class PointSync:
         the store forgets."""
         if entry is None:
             return
-        self._published = entry.published if entry.published is not None else entry.unanswered
+        self.past.follow_entry(entry)
         synced = decisions.newer(self.status.synced, entry.synced)
         pending = decisions.still_pending((*self.status.pending, *entry.pending), synced)
         if (synced, pending) != (self.status.synced, self.status.pending):
@@ -263,14 +251,8 @@ class PointSync:
             )
         synced = self.status.synced if entry is None else entry.synced
         if entry is not None:
-            self._published = self.history.former_publish(
-                entry,
-                marked_at,
-                decisions.parsed(self.point, store_raw),
-                store_version,
-                self.client.delivered_since(self.key),
-            )
-            if entry.published is not None and self._published is None:
+            whole_since = self.client.delivered_since(self.key)
+            if not self.past.count_former(entry, marked_at, store_raw, store_version, whole_since):
                 self.log.info(
                     "takeover: the former active's publish of %s %s never reached the store "
                     "(refused): the controller's value is a panel change still to publish",
@@ -290,7 +272,7 @@ class PointSync:
         """Brings the three together: what the former active last had on the controller
         (its record, a write of its still pending, or a value seen in the store since), the
         store, and the controller. False if it could not decide (nothing read)."""
-        seen = [*self._seen, *self.status.pending]
+        pending = self.status.pending
         async with self._busy:
             # Read inside the operation: the fence's reading may be old by now (a remote
             # change made since must not be taken for an empty or older store).
@@ -299,44 +281,52 @@ class PointSync:
             except (StateStoreError, SessionError) as exc:
                 self._errors.failed(exc, self.key, "read")
                 return False
-
-            published = self._published
+            if self.record.in_doubt(self.name):
+                try:
+                    marked = await self.record.read_back(self.name)
+                except (StateStoreError, SessionError) as exc:
+                    self._errors.failed(exc, self.record.key, "read")
+                    return False
+                self._own_publish(marked, store_raw, store_version)
 
             def decide(value: PointValue, rules: Rules) -> Decision:
-                base = decisions.takeover_base(self.status.synced, record, seen, value, published)
+                base = self.past.base(self.status.synced, record, pending, value)
                 if base != self.status.synced:
                     self.log.info(
-                        "takeover: the former active last synced %s %s", self.name, base.value
+                        "the store had our unanswered publish of %s %s before its value now"
+                        if self.past.own_doubt
+                        else "takeover: the former active last synced %s %s",
+                        self._what,
+                        base.value,
                     )
                     self.status.synced = base
                 return decisions.reconcile(base, store_raw, store_version, value, rules)
 
             decided = await self._run_locked("takeover", decide)
         if decided:
-            self._seen.clear()
-            self._published = None
+            self.past.decided()
             self.enter_in_record()
         return decided
 
+    def _own_publish(
+        self, marked: MarkedRecord | None, store_raw: bytes | None, store_version: Hlc | None
+    ) -> None:
+        """Our publish whose answer never came, counted as the store's if the record sent
+        behind it marks it (unless the store refused it): a remote change after it wins."""
+        if marked is None:
+            self.log.info(
+                "the record sent behind our unanswered publish of %s is not in the store: "
+                "the controller's value is a panel change still to publish",
+                self._what,
+            )
+            self.past.own_doubt = True
+            return
+        whole_since = self.client.delivered_since(self.key)
+        self.past.count_own(marked.entry, marked.version, store_raw, store_version, whole_since)
+
     async def fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
-        """Reads a key and writes the same value back with this instance's token, only if it
-        is still that value (NEX). The store fences a key by the token of its last write, not
-        by the lock: without this, a write the former active sent before its deadline and the
-        network delivered late (a partition healing) would still be accepted."""
-        value, version = await self.client.get(key)
-        for _ in range(_FENCE_ATTEMPTS):
-            if value is None:
-                break
-            try:
-                fenced = await self.lock.fenced_set(key, value, condition=Condition.NEX)
-            except NotAuthorized as exc:
-                self._errors.failed(exc, key, writing)
-                break
-            if fenced.applied:
-                self._errors.allowed(key)
-                break
-            value, version = await self.client.get(key)  # written meanwhile: once more
-        return value, version
+        """`key` fenced with this instance's token (agent.sync.fence)."""
+        return await fence(self.client, self.lock, self._errors, key, writing)
 
     def serve_unfenced(self, controller: Controller) -> None:
         """Holds the controller without a fence: the lock said the lease was lost before
@@ -627,7 +617,13 @@ class PointSync:
                 # panel change).
                 self._unanswered = value
                 await self.write_record()
-                self.reconcile_soon()
+            if self.record.in_doubt(self.name):
+                # The store may have it and a remote change after it: the next decision is
+                # made as a takeover's, on the record sent behind it, read back first (once
+                # connected again: the reconnect wakes the worker).
+                self._takeover = self.status.synced
+                if isinstance(exc, TimeoutError):
+                    self._wake.set()
             return
         self._errors.allowed(self.key)
         if not result.applied:
@@ -657,7 +653,7 @@ class PointSync:
         self.status.synced_at = time.time()
         await self._save_locally()
         if version is not None:
-            self._unanswered = self._published = None  # synced at a store version: settled
+            self._unanswered = self.past.published = None  # synced at a store version: settled
             await self.write_record()
 
     def enter_in_record(
@@ -668,7 +664,8 @@ class PointSync:
         yet, the one it counts as the store's (see take_over), else our own unanswered one."""
         pending = self.status.pending if pending is None else pending
         synced = self.status.synced if synced is None else synced
-        unanswered = self._published if self._published is not None else self._unanswered
+        published = self.past.published
+        unanswered = published if published is not None else self._unanswered
         self.record.update(self.name, synced, pending, unanswered=unanswered)
 
     async def write_record(self, pending: tuple[Synced, ...] | None = None) -> bool:

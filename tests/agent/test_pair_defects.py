@@ -271,6 +271,26 @@ def test_a_takeover_that_cannot_read_the_unit_still_decides_on_the_former_publis
     the_remote_change_wins_over_the_panel_value(standby, rig)
 
 
+def test_an_active_that_kept_its_lease_counts_its_own_publish_lost_in_flight(rig: Rig) -> None:
+    """A 30-minute soak's remote change reverted (seed 651). The active published a panel
+    change with the record marking it; the store took both, the answers were lost with the
+    connection, and a remote change came after. The active kept its lease across the
+    reconnect, and its reconcile took the unit's value for a panel change crossing the
+    remote one and published it over it. A publish in doubt is now judged on the record read
+    back, as a takeover judges the former active's."""
+    lease_kept = {"AGENT_LOCK__TTL_MS": "6000", "AGENT_MQTT__RECONNECT_MIN_S": "0.2"}
+    active, _ = rig.start_active("a", via_proxy=True, **lease_kept)
+    proxy = rig.proxies["a"]
+    rig.background.call(lambda: proxy.blackhole("out"))  # no answer reaches a
+    rig.panel(18.5)
+    rig.wait_key(RECORD_KEY, lambda record: record is not None and b'"published":18.5' in record)
+    rig.wait_store_value(b"18.5")
+    assert rig.remote_set(b"24.5") == b"+OK\r\n"  # after the panel change reached the store
+    rig.background.call(proxy.cut)  # the connection, and the answers with it, lost
+    the_remote_change_wins_over_the_panel_value(active, rig)
+    assert not any(STEPPED_DOWN.search(line) for line in active.lines), "the lease was lost"
+
+
 # ------------------------------------------------------------------ 5. a lease on a slow link
 
 

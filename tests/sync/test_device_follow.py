@@ -35,7 +35,7 @@ def test_a_value_superseded_before_delivery_is_followed_too(tmp_path: Path) -> N
     )
     change = KeyChange(b"t01\\setPoint", "SET", b"27.5", v(6), earlier=((b"27.0", v(5)),))
     sync.follow_change("setPoint", change)
-    seen = list(sync.points["setPoint"]._seen)
+    seen = list(sync.points["setPoint"].past.seen)
     assert seen == [Synced(27.0, v(5)), Synced(27.5, v(6))]
     record = Synced(23.5, v(1))
     assert takeover_base(record, record, seen, 27.0) == Synced(27.0, v(5))  # not a panel change

@@ -150,9 +150,9 @@ async def test_a_takeover_counts_the_marked_publish_as_it_saw_the_key(
         seen.insert(2, (b"16.5", 5))  # in the store right before the record
         seen[3:] = [(b"23.0", 7)]
     for raw, version in seen:
-        sync.history.saw(float(raw), v(version))
+        sync.past.history.saw(float(raw), v(version))
     entry = PointRecord(Synced(18.0, v(1)), published=16.5, published_after=v(3))
     marked_at = v(6) if accepted else v(5)
     await sync.take_over(object(), entry, marked_at)  # type: ignore[arg-type]
     # Refused: the controller's 16.5 is a panel change still to publish.
-    assert sync._published == (16.5 if accepted else None)
+    assert sync.past.published == (16.5 if accepted else None)

@@ -30,12 +30,20 @@ class SlowStore:
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
         self.token = v(0)
+        self.client = self
+        self.read_back = 0
 
     async def fenced_set(self, key: str, value: bytes, **_: Any) -> Any:
         if key.endswith("\\setPoint"):
             raise RequestTimeout("SET got no response within 2 s")
         self.records.append(json.loads(value))
         return None
+
+    async def get(self, key: str) -> tuple[bytes | None, Hlc | None]:
+        self.read_back += 1
+        if not self.records:
+            return None, None
+        return json.dumps(self.records[-1]).encode(), v(10 + len(self.records))
 
 
 async def test_an_unanswered_publish_is_named_in_every_record_after(tmp_path: Path) -> None:
