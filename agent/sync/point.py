@@ -252,7 +252,9 @@ class PointSync:
         synced = self.status.synced if entry is None else entry.synced
         if entry is not None:
             whole_since = self.client.delivered_since(self.key)
-            if not self.past.count_former(entry, marked_at, store_raw, store_version, whole_since):
+            if not self.past.count(
+                entry, marked_at, store_raw, store_version, whole_since, own=False
+            ):
                 self.log.info(
                     "takeover: the former active's publish of %s %s never reached the store "
                     "(refused): the controller's value is a panel change still to publish",
@@ -271,7 +273,8 @@ class PointSync:
     async def _reconcile_at_takeover(self, record: Synced | None) -> bool:
         """Brings the three together: what the former active last had on the controller
         (its record, a write of its still pending, or a value seen in the store since), the
-        store, and the controller. False if it could not decide (nothing read)."""
+        store, and the controller. False if it could not decide (nothing read). Run too for
+        a publish of ours in doubt, once its record is read back (see _publish)."""
         pending = self.status.pending
         async with self._busy:
             # Read inside the operation: the fence's reading may be old by now (a remote
@@ -319,10 +322,9 @@ class PointSync:
                 "the controller's value is a panel change still to publish",
                 self._what,
             )
-            self.past.own_doubt = True
-            return
+        entry, marked_at = (None, None) if marked is None else (marked.entry, marked.version)
         whole_since = self.client.delivered_since(self.key)
-        self.past.count_own(marked.entry, marked.version, store_raw, store_version, whole_since)
+        self.past.count(entry, marked_at, store_raw, store_version, whole_since, own=True)
 
     async def fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
         """`key` fenced with this instance's token (agent.sync.fence)."""

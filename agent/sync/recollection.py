@@ -50,36 +50,28 @@ class Recollection:
         """While standby: the active's record entry names the publish it counts."""
         self.published = entry.published if entry.published is not None else entry.unanswered
 
-    def count_former(
+    def count(
         self,
-        entry: PointRecord,
+        entry: PointRecord | None,
         marked_at: Hlc | None,
         store_raw: bytes | None,
         store_version: Hlc | None,
         whole_since: Hlc | None,
+        *,
+        own: bool,
     ) -> bool:
-        """At a takeover, the former active's publish by its record's entry (`marked_at`: the
-        record's version). False if the record marks one the store never had (refused)."""
-        self.own_doubt = False
+        """The publish a record's entry marks (`marked_at`: the record's version), counted as
+        the store's unless it never had it: the former active's at a takeover, or, `own`, our
+        publish in doubt by the record sent behind it, read back (None: not in the store).
+        False if the entry marks one the store never had (refused)."""
+        self.own_doubt = own
+        self.published = None
+        if entry is None:
+            return True
         self.published = self.history.former_publish(
             entry, marked_at, decisions.parsed(self.point, store_raw), store_version, whole_since
         )
         return entry.published is None or self.published is not None
-
-    def count_own(
-        self,
-        entry: PointRecord,
-        marked_at: Hlc,
-        store_raw: bytes | None,
-        store_version: Hlc | None,
-        whole_since: Hlc | None,
-    ) -> None:
-        """Our publish in doubt, judged by the record sent behind it, read back: counted as
-        the store's as a takeover counts the former active's."""
-        self.own_doubt = True
-        self.published = self.history.former_publish(
-            entry, marked_at, decisions.parsed(self.point, store_raw), store_version, whole_since
-        )
 
     def base(
         self,

@@ -38,9 +38,9 @@ class CutStore:
         self._clock = 0
 
     async def fenced_set(self, key: str, value: bytes, **_: Any) -> SetResult:
+        self.sent.append(f"SET {key}")
         if not self.reachable:
             raise NotConnected("not connected")
-        self.sent.append(f"SET {key}")
         if key in self.refused:
             raise LostInFlight("lost the connection before the acknowledgement")
         self._clock += 1
@@ -50,9 +50,9 @@ class CutStore:
         return SetResult(True, v(self._clock))
 
     async def get(self, key: str) -> tuple[bytes | None, Hlc | None]:
+        self.sent.append(f"GET {key}")
         if not self.reachable:
             raise NotConnected("not connected")
-        self.sent.append(f"GET {key}")
         value, version = self.keys.get(key, (None, None))
         return value, version
 
@@ -63,12 +63,16 @@ def device_record(store: CutStore) -> DeviceRecord:
     return record
 
 
-async def publish_lost(record: DeviceRecord, store: CutStore, value: float = 18.5) -> None:
-    async def publish() -> SetResult:
+async def publish(record: DeviceRecord, store: CutStore, value: float = 18.5) -> SetResult:
+    async def send() -> SetResult:
         return await store.fenced_set(SETPOINT, str(value).encode())
 
+    return await record.publish_marked("setPoint", Synced(20.0, v(0)), (), value, send)
+
+
+async def publish_lost(record: DeviceRecord, store: CutStore) -> None:
     with pytest.raises(LostInFlight):
-        await record.publish_marked("setPoint", Synced(20.0, v(0)), (), value, publish)
+        await publish(record, store)
 
 
 async def test_the_record_behind_a_lost_publish_is_read_back_before_another_is_sent() -> None:
@@ -104,9 +108,11 @@ async def test_no_record_goes_out_while_the_mark_cannot_be_read_back() -> None:
     record = device_record(store)
     await publish_lost(record, store)
     store.reachable = False
+    tried = len(store.sent)
     assert await record.write() is Written.FAILED
     with pytest.raises(MarkNotReadBack):
-        await publish_lost(record, store, 19.0)
+        await publish(record, store, 19.0)
+    assert store.sent[tried:] == [f"GET {RECORD}", f"GET {RECORD}"]  # no SET tried
     assert record.in_doubt("setPoint")
     store.reachable = True
     store.lost = set()

@@ -31,7 +31,6 @@ class SlowStore:
         self.records: list[dict[str, Any]] = []
         self.token = v(0)
         self.client = self
-        self.read_back = 0
 
     async def fenced_set(self, key: str, value: bytes, **_: Any) -> Any:
         if key.endswith("\\setPoint"):
@@ -40,7 +39,6 @@ class SlowStore:
         return None
 
     async def get(self, key: str) -> tuple[bytes | None, Hlc | None]:
-        self.read_back += 1
         if not self.records:
             return None, None
         return json.dumps(self.records[-1]).encode(), v(10 + len(self.records))
