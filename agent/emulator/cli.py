@@ -12,6 +12,7 @@ from typing import Any
 
 from agent import logs
 from agent.emulator.limits import BrokerLimits
+from agent.emulator.persistence import FsyncPolicy
 
 EXIT_USAGE = 2
 EXIT_CONFIG = 78  # EX_CONFIG: a file or value that makes no sense
@@ -62,6 +63,16 @@ def register(subparsers: Any) -> None:
         type=Path,
         metavar="DIR",
         help="keep the store's contents in DIR across restarts (default: in memory only)",
+    )
+    parser.add_argument(
+        "--fsync",
+        choices=[policy.value for policy in FsyncPolicy],
+        default=FsyncPolicy.ALWAYS.value,
+        help="with --data-dir, when a change is answered: always (default) once its record "
+        "is fsynced, so a power cut loses nothing acknowledged; everysec once it is written "
+        "to the file, fsynced every second (a power cut may lose the last second or so); no "
+        "once written, fsynced when the system flushes (a power cut may lose ~30 s). A "
+        "crash of the emulator loses nothing acknowledged in any of them",
     )
     parser.add_argument(
         "--external",
@@ -235,6 +246,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             raise _ConfigError(f"--tls-cert/--tls-key/--client-ca: {error}") from None
     if args.data_dir is not None:
         options["data_dir"] = args.data_dir
+        options["fsync"] = FsyncPolicy(args.fsync)
     return options
 
 

@@ -8,6 +8,7 @@ and the notifications it causes; `expire()` deletes what has expired. The MQTT s
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -53,12 +54,14 @@ class Journal(Protocol):
     """Where the store reports its changes to be kept (``persistence.StoreJournal``)."""
 
     def writable(self) -> bool:
-        """Whether changes are kept now; while not, the store refuses writes."""
+        """Whether a SET is kept now; while not, the store refuses SETs (deletes go on)."""
         ...
 
-    def put(self, key: bytes, entry: Entry) -> None: ...
+    def put(self, key: bytes, entry: Entry) -> int:
+        """Queues the change to be kept; returns its record's number (increasing)."""
+        ...
 
-    def delete(self, key: bytes) -> None: ...
+    def delete(self, key: bytes) -> int: ...
 
     def observe_clock(self, current: Hlc) -> None:
         """Called after each request and each expiry, once its changes are made."""
@@ -68,7 +71,6 @@ class Journal(Protocol):
 # The answer to a write while the journal cannot keep it (a full disk); clients keep an
 # unknown text as a generic service error (protocol.md §2).
 DISK_FAILED = "the store cannot write to its disk"
-_WRITES = (b"SET", b"DEL", b"VDEL")
 
 # The node id a restored clock bound is merged under: never the service's own.
 _RESTORED_NODE = "~restored"
@@ -228,6 +230,9 @@ class StateStore:
         self._watched_by: dict[str, set[bytes]] = {}
         # (deadline, key); stale when the key was rewritten or deleted since, skipped then.
         self._deadlines: list[tuple[int, bytes]] = []
+        # With a journal: (record number, key, its entry before) of each change not yet kept,
+        # to take it back if its record cannot be (``take_back``).
+        self._unkept: deque[tuple[int, bytes, Entry | None]] = deque()
 
     # ------------------------------------------------------------------ queries
 
@@ -312,14 +317,35 @@ class StateStore:
         while self._deadlines and self._deadlines[0][0] <= now:
             _, key = heapq.heappop(self._deadlines)
             now_ts = self.clock.tick()
-            del self._entries[key]
             if self.journal is not None:
-                self.journal.delete(key)
+                self._unkept.append((self.journal.delete(key), key, self._entries[key]))
+            del self._entries[key]
             notifications += self._notify(key, Notification("DELETE"), now_ts)
             self._drop_stale_deadlines()
             if self.journal is not None:
                 self.journal.observe_clock(self.clock.current)
         return notifications
+
+    def kept(self, record: int) -> None:
+        """The journal kept every record up to this number: their changes stay."""
+        unkept = self._unkept
+        while unkept and unkept[0][0] <= record:
+            unkept.popleft()
+
+    def take_back(self, kept: int) -> int:
+        """Undoes every change whose record came after ``kept`` (they could not be kept),
+        the latest first; returns how many."""
+        count = 0
+        while self._unkept and self._unkept[-1][0] > kept:
+            _, key, before = self._unkept.pop()
+            count += 1
+            if before is None:
+                self._entries.pop(key, None)
+                continue
+            self._entries[key] = before
+            if before.expires_at_ms is not None:
+                heapq.heappush(self._deadlines, (before.expires_at_ms, key))
+        return count
 
     def client_gone(self, client_id: str) -> None:
         """The service keeps nothing for an absent client (protocol.md §7)."""
@@ -369,7 +395,7 @@ class StateStore:
             access = Access.READ if command in (b"GET", b"KEYNOTIFY") else Access.WRITE
             if not self._authorizer(client_id, key, access):
                 raise _Refused(errors.NOT_AUTHORIZED)
-        if command in _WRITES and self.journal is not None and not self.journal.writable():
+        if command == b"SET" and self.journal is not None and not self.journal.writable():
             raise _Refused(DISK_FAILED)
         if request_ts is not None:
             self.clock.receive(request_ts)
@@ -419,7 +445,8 @@ class StateStore:
         expires = None if options.expiry_ms is None else self._monotonic() + options.expiry_ms
         new_entry = Entry(value, version, stored_token, expires)
         if self.journal is not None:
-            self.journal.put(key, new_entry)  # first: if it fails, nothing has changed
+            # First: if it raises, nothing has changed.
+            self._unkept.append((self.journal.put(key, new_entry), key, entry))
         self._entries[key] = new_entry
         if expires is not None:
             heapq.heappush(self._deadlines, (expires, key))
@@ -446,7 +473,7 @@ class StateStore:
             result = -1
         else:
             if self.journal is not None:
-                self.journal.delete(key)
+                self._unkept.append((self.journal.delete(key), key, entry))
             del self._entries[key]
             reply = Reply(encode_response(1), now)
             return Outcome(reply, self._notify(key, Notification("DELETE"), now))
