@@ -138,6 +138,30 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR")
     parser.set_defaults(func=run)
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    repair = actions.add_parser(
+        "repair",
+        help="repair a damaged --data-dir log",
+        description="Writes a repaired DIR/store.log from every whole record before and "
+        "after the damage, keeps the damaged file beside it (store.log.damaged) and says "
+        "what it dropped. Run it while no emulator uses DIR. Exit 0 when repaired or "
+        "whole, 78 when it cannot be done.",
+    )
+    repair.add_argument("--data-dir", type=Path, metavar="DIR", required=True)
+    repair.set_defaults(func=run_repair)
+
+
+def run_repair(args: argparse.Namespace) -> int:
+    from agent.emulator.persistence import PersistenceError
+    from agent.emulator.repair import repair
+
+    try:
+        repaired = repair(args.data_dir)
+    except PersistenceError as error:
+        print(f"agent emulator repair: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(repaired.describe())
+    return 0
 
 
 class _ConfigError(Exception):

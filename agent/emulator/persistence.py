@@ -188,22 +188,7 @@ class StoreJournal:
         return loaded
 
     def _take_lock(self) -> None:
-        """One emulator at a time in a directory: a second would lose the first one's keys."""
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise PersistenceError(
-                f"{self.directory} is in use by another emulator ({holder})"
-            ) from None
-        except OSError:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}\n".encode())
-        self._lock = fd
+        self._lock = lock_directory(self.directory)
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -211,13 +196,7 @@ class StoreJournal:
             self._lock = None
 
     def _read(self) -> bytes:
-        try:
-            status = os.stat(self.path)
-        except FileNotFoundError:
-            return b""
-        if not stat.S_ISREG(status.st_mode):
-            raise PersistenceError(f"{self.path} is not a regular file")
-        return self.path.read_bytes()
+        return read_log(self.path)
 
     def open(
         self,
@@ -241,7 +220,7 @@ class StoreJournal:
                     os.ftruncate(fd, self._whole_size)  # the torn tail: frees, needs no room
                     os.fsync(fd)
                 if not existed:
-                    _fsync_directory(self.directory)
+                    fsync_directory(self.directory)
             except OSError:
                 os.close(fd)
                 raise
@@ -430,7 +409,7 @@ class StoreJournal:
         data = b"".join(record for _, record in batch)
         before = self._size
         try:
-            _write_all(self._file, data)
+            write_all(self._file, data)
             self._size += len(data)
             if self.fsync is FsyncPolicy.ALWAYS:
                 os.fsync(self._file)
@@ -490,12 +469,12 @@ class StoreJournal:
         try:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(temporary, self.path)
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
             appending = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
             with contextlib.suppress(OSError):
@@ -525,7 +504,7 @@ class StoreJournal:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                _write_all(fd, bytes(RESERVE_BYTES))
+                write_all(fd, bytes(RESERVE_BYTES))
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -542,11 +521,40 @@ class StoreJournal:
         self._reserved = False
 
 
+def read_log(path: Path) -> bytes:
+    """The log's bytes (none if there is no log yet); PersistenceError if it is no file."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return b""
+    if not stat.S_ISREG(status.st_mode):
+        raise PersistenceError(f"{path} is not a regular file")
+    return path.read_bytes()
+
+
+def lock_directory(directory: Path) -> int:
+    """Holds ``DIR/store.lock`` (the open file, closed to release it): one emulator (or
+    repair) at a time in a directory, since a second would lose the first one's keys."""
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise PersistenceError(f"{directory} is in use by another emulator ({holder})") from None
+    except OSError:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()}\n".encode())
+    return fd
+
+
 def _estimate(entries: dict[bytes, Entry]) -> int:
     return sum(len(key) + len(entry.value) + 48 for key, entry in entries.items())
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -554,7 +562,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)

@@ -356,3 +356,37 @@ def test_a_compaction_keeps_the_change_that_started_it(tmp_path: Path) -> None:
     again = Service(tmp_path, clocks)
     assert again.request("GET", "big")[0] is None
     again.stop()
+
+
+def test_a_damaged_log_is_repaired_keeping_the_records_before_and_after_the_damage(
+    tmp_path: Path,
+) -> None:
+    """Was: the refusal's only way on was "move it aside", which drops every key."""
+    log = tmp_path / persistence.LOG_NAME
+    whole = _log_of(tmp_path, 1000)
+    at = len(whole) // 2
+    damaged = whole[:at] + bytes([whole[at] ^ 0x10]) + whole[at + 1 :]
+    log.write_bytes(damaged)
+    refused = _emulator_on(tmp_path)
+    assert refused.returncode == 78, refused
+    command = f"agent emulator repair --data-dir {tmp_path}"
+    assert command in refused.stderr, refused.stderr
+    repaired = subprocess.run(
+        [sys.executable, "-m", "agent", *command.split()[1:]],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert repaired.returncode == 0, repaired
+    assert "999 keys" in repaired.stdout and "dropped" in repaired.stdout, repaired.stdout
+    assert (tmp_path / "store.log.damaged").read_bytes() == damaged  # kept beside it
+    process, port = started("--data-dir", str(tmp_path))
+    client = PahoStoreClient("127.0.0.1", port, "reader")
+    try:
+        held = [
+            client.request("GET", f"key-{index:04}").payload != b"$-1\r\n" for index in range(1000)
+        ]
+    finally:
+        client.close()
+        assert process.stop() == 0
+    assert sum(held) == 999 and held[0] and held[-1]  # one record lost, at the damage
