@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import logs
-from agent.emulator.limits import BrokerLimits
+from agent.emulator.limits import BrokerLimits, StoreLimits
 from agent.emulator.persistence import FsyncPolicy
 
 EXIT_USAGE = 2
@@ -48,6 +48,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     defaults = BrokerLimits.default()
+    store_defaults = StoreLimits()
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=1883, help="port to listen on (0: any)")
     parser.add_argument("--quota", type=int, default=None, help="maximum number of keys")
@@ -136,6 +137,29 @@ def register(subparsers: Any) -> None:
         metavar="BYTES",
         help="largest CONNECT: what a client not yet authenticated may send (default %(default)s)",
     )
+    store = parser.add_argument_group("limits of the store (per client)")
+    store.add_argument(
+        "--max-key-size",
+        type=int,
+        default=store_defaults.max_key_size,
+        metavar="BYTES",
+        help="longest key a SET or KEYNOTIFY may name (default %(default)s)",
+    )
+    store.add_argument(
+        "--max-registrations",
+        type=int,
+        default=store_defaults.max_registrations,
+        metavar="N",
+        help="KEYNOTIFY registrations one client may hold (default %(default)s)",
+    )
+    store.add_argument(
+        "--max-registration-bytes",
+        type=int,
+        default=store_defaults.max_registration_bytes,
+        metavar="BYTES",
+        help="bytes of the key names one client's registrations may hold together "
+        "(default %(default)s)",
+    )
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR")
     parser.set_defaults(func=run)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -218,9 +242,18 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     from agent.emulator.authz import RulesError, parse_rules
     from agent.emulator.tls import TlsConfigError, server_context
 
+    try:
+        store_limits = StoreLimits(
+            max_key_size=args.max_key_size,
+            max_registrations=args.max_registrations,
+            max_registration_bytes=args.max_registration_bytes,
+        )
+    except ValueError as error:
+        raise _ConfigError(f"--{str(error).replace('_', '-')}") from None
     options: dict[str, Any] = {
         "quota": args.quota,
         "authorizer": _authorizer(args.deny_prefix),
+        "store_limits": store_limits,
     }
     embedded_only = ("authz", "users", "sat_tokens", "tls_cert", "tls_key", "client_ca")
     if args.external:

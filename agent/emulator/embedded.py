@@ -11,7 +11,7 @@ from types import TracebackType
 from agent.emulator.authn import Authenticator
 from agent.emulator.authz import Access, AuthorizationRules, ClientIdentity
 from agent.emulator.broker import Broker, DisconnectReason
-from agent.emulator.limits import BrokerLimits
+from agent.emulator.limits import BrokerLimits, StoreLimits
 from agent.emulator.persistence import FsyncPolicy, StoreJournal
 from agent.emulator.service import StoreService, monotonic_ms, wall_clock_ms
 from agent.emulator.store import Authorizer, StateStore
@@ -68,6 +68,7 @@ class EmbeddedStateStore:
         limits: BrokerLimits | None = None,
         data_dir: Path | None = None,
         fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+        store_limits: StoreLimits | None = None,
     ) -> None:
         self.broker = Broker(
             host,
@@ -89,6 +90,7 @@ class EmbeddedStateStore:
             quota=quota,
             authorizer=key_authorizer,
             journal=self.journal,
+            limits=store_limits,
         )
         self._journal_retry: asyncio.TimerHandle | None = None
         self.service = StoreService(

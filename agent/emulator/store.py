@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agent.emulator.authz import Access
+from agent.emulator.limits import StoreLimits
 from agent.protocol import errors
 from agent.protocol.hlc import (
     MAX_CLOCK_DRIFT_MS,
@@ -71,6 +72,10 @@ class Journal(Protocol):
 # The answer to a write while the journal cannot keep it (a full disk); clients keep an
 # unknown text as a generic service error (protocol.md §2).
 DISK_FAILED = "the store cannot write to its disk"
+# The local store's own bounds (limits.StoreLimits), each with a text of its own.
+KEY_TOO_LONG = "the key is longer than the store accepts"
+TOO_MANY_REGISTRATIONS = "this client holds as many registrations as it may"
+REGISTRATIONS_TOO_LARGE = "this client's registrations' key names take all the bytes they may"
 
 # The node id a restored clock bound is merged under: never the service's own.
 _RESTORED_NODE = "~restored"
@@ -215,7 +220,9 @@ class StateStore:
         authorizer: Authorizer | None = None,
         max_drift_ms: int = MAX_CLOCK_DRIFT_MS,
         journal: Journal | None = None,
+        limits: StoreLimits | None = None,
     ) -> None:
+        self.limits = limits or StoreLimits()
         self.clock = HybridLogicalClock(node_id, wall_clock, max_drift_ms)
         self._wall_clock = wall_clock
         self._monotonic = monotonic_clock
@@ -228,6 +235,7 @@ class StateStore:
         # object kept here (a key name may be as long as a packet), not to a copy of its own.
         self._watchers: dict[bytes, _Watch] = {}
         self._watched_by: dict[str, set[bytes]] = {}
+        self._registered_bytes: dict[str, int] = {}  # of each client's registered names
         # (deadline, key); stale when the key was rewritten or deleted since, skipped then.
         self._deadlines: list[tuple[int, bytes]] = []
         # With a journal: (record number, key, its entry before) of each change not yet kept,
@@ -349,6 +357,7 @@ class StateStore:
 
     def client_gone(self, client_id: str) -> None:
         """The service keeps nothing for an absent client (protocol.md §7)."""
+        self._registered_bytes.pop(client_id, None)
         for key in self._watched_by.pop(client_id, set()):
             watchers = self._watchers.get(key)
             if watchers is not None:
@@ -381,6 +390,8 @@ class StateStore:
         options = _parse_set_options(args[3:]) if command == b"SET" else None
         if command == b"KEYNOTIFY" and len(args) == 3 and args[2].upper() != b"STOP":
             raise _Refused(errors.SYNTAX_ERROR)
+        if len(key) > self.limits.max_key_size and (command == b"SET" or len(args) == 2):
+            raise _Refused(KEY_TOO_LONG)  # a SET, or a KEYNOTIFY that is no STOP
 
         request_ts = _parse_timestamp(ts_text)
         if request_ts is None and command == b"SET":
@@ -481,21 +492,31 @@ class StateStore:
 
     def _keynotify(self, client_id: str, key: bytes, *, stop: bool) -> Outcome:
         watchers = self._watchers.get(key)
-        if not stop and watchers is None and self._past_quota(key):
-            raise _Refused(errors.QUOTA_EXCEEDED)
+        registered = watchers is not None and client_id in watchers.clients
+        if not stop and not registered:
+            if len(self._watched_by.get(client_id, ())) >= self.limits.max_registrations:
+                raise _Refused(TOO_MANY_REGISTRATIONS)
+            held = self._registered_bytes.get(client_id, 0)
+            if held + len(key) > self.limits.max_registration_bytes:
+                raise _Refused(REGISTRATIONS_TOO_LARGE)
+            if watchers is None and self._past_quota(key):
+                raise _Refused(errors.QUOTA_EXCEEDED)
         now = self.clock.tick()
         if stop:
-            if watchers is None or client_id not in watchers.clients:
+            if watchers is None or not registered:
                 return Outcome(Reply(encode_response(0), now))
             del watchers.clients[client_id]
             if not watchers.clients:
                 del self._watchers[key]
             self._watched_by[client_id].discard(key)
+            self._registered_bytes[client_id] -= len(key)
             return Outcome(Reply(encode_response(OK), now))
         if watchers is None:
             watchers = self._watchers[key] = _Watch(key)
-        watchers.clients[client_id] = None
-        self._watched_by.setdefault(client_id, set()).add(watchers.name)
+        if not registered:
+            watchers.clients[client_id] = None
+            self._watched_by.setdefault(client_id, set()).add(watchers.name)
+            self._registered_bytes[client_id] = self._registered_bytes.get(client_id, 0) + len(key)
         return Outcome(Reply(encode_response(OK), now))
 
     def _notify(self, key: bytes, notification: Notification, ts: Hlc) -> list[KeyNotification]:
