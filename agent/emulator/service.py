@@ -72,6 +72,7 @@ class StoreService:
         self._expiry_deadline: int | None = None
         # Bounded by what the clients may have in flight (the broker's receive maximum).
         self._held: deque[_Held] = deque()
+        self._closed = False
 
     def on_request(self, sender: str | None, message: Message) -> None:
         """Executes one PUBLISH on the invoke topic. `sender` is None when unknown."""
@@ -139,6 +140,8 @@ class StoreService:
         """The journal's listener: records up to ``kept`` are kept; with ``error``, the
         ones after it could not be, and what waits on them is answered with the error."""
         self.store.kept(kept)
+        if self._closed:
+            return
         held = self._held
         while held and held[0].record <= kept:
             item = held.popleft()
@@ -184,6 +187,9 @@ class StoreService:
         self.store.client_gone(client_id)
 
     def close(self) -> None:
+        """Stops sending: what is held when the broker stops was never acknowledged."""
+        self._held.clear()
+        self._closed = True
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None
