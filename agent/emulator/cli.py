@@ -48,7 +48,6 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     defaults = BrokerLimits.default()
-    store_defaults = StoreLimits()
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=1883, help="port to listen on (0: any)")
     parser.add_argument("--quota", type=int, default=None, help="maximum number of keys")
@@ -93,73 +92,36 @@ def register(subparsers: Any) -> None:
         metavar="PEM",
         help="require client certificates signed by this CA (mutual TLS)",
     )
-    limits = parser.add_argument_group("limits (embedded broker)")
-    limits.add_argument(
-        "--max-packet-size",
-        type=int,
-        default=defaults.max_packet_size,
-        metavar="BYTES",
-        help="largest packet a client may send, advertised in CONNACK (default %(default)s)",
-    )
-    limits.add_argument(
-        "--max-queued-bytes",
-        type=int,
-        default=defaults.max_queued_bytes,
-        metavar="BYTES",
-        help="what may wait to be sent to one client; past it its QoS 0 messages are dropped "
-        "and a QoS 1 message disconnects it (default %(default)s)",
-    )
-    limits.add_argument(
-        "--max-connections",
-        type=int,
-        default=defaults.max_connections,
-        metavar="N",
-        help="open connections at once (default %(default)s)",
-    )
-    limits.add_argument(
-        "--max-connection-rate",
-        type=float,
-        default=defaults.max_connection_rate,
-        metavar="PER_S",
-        help="new connections per second (default %(default)s)",
-    )
-    limits.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=defaults.connect_timeout_s,
-        metavar="S",
-        help="a client that has not completed CONNECT by then is closed (default %(default)s)",
-    )
-    limits.add_argument(
-        "--max-connect-size",
-        type=int,
-        default=defaults.max_connect_size,
-        metavar="BYTES",
-        help="largest CONNECT: what a client not yet authenticated may send (default %(default)s)",
-    )
-    store = parser.add_argument_group("limits of the store (per client)")
-    store.add_argument(
-        "--max-key-size",
-        type=int,
-        default=store_defaults.max_key_size,
-        metavar="BYTES",
-        help="longest key a SET or KEYNOTIFY may name (default %(default)s)",
-    )
-    store.add_argument(
-        "--max-registrations",
-        type=int,
-        default=store_defaults.max_registrations,
-        metavar="N",
-        help="KEYNOTIFY registrations one client may hold (default %(default)s)",
-    )
-    store.add_argument(
-        "--max-registration-bytes",
-        type=int,
-        default=store_defaults.max_registration_bytes,
-        metavar="BYTES",
-        help="bytes of the key names one client's registrations may hold together "
-        "(default %(default)s)",
-    )
+    _limit_flags(
+        parser.add_argument_group("limits (embedded broker)"),
+        defaults,
+        [
+            ("--max-packet-size", "max_packet_size", int, "BYTES",
+             "largest packet a client may send, advertised in CONNACK"),
+            ("--max-queued-bytes", "max_queued_bytes", int, "BYTES",
+             "what may wait to be sent to one client; past it its QoS 0 messages are dropped "
+             "and a QoS 1 message disconnects it"),
+            ("--max-connections", "max_connections", int, "N", "open connections at once"),
+            ("--max-connection-rate", "max_connection_rate", float, "PER_S",
+             "new connections per second"),
+            ("--connect-timeout", "connect_timeout_s", float, "S",
+             "a client that has not completed CONNECT by then is closed"),
+            ("--max-connect-size", "max_connect_size", int, "BYTES",
+             "largest CONNECT: what a client not yet authenticated may send"),
+        ],
+    )  # fmt: skip
+    _limit_flags(
+        parser.add_argument_group("limits of the store"),
+        StoreLimits(),
+        [
+            ("--max-key-size", "max_key_size", int, "BYTES",
+             "longest key a SET or KEYNOTIFY may name"),
+            ("--max-registrations", "max_registrations", int, "N",
+             "KEYNOTIFY registrations one client may hold"),
+            ("--max-registration-bytes", "max_registration_bytes", int, "BYTES",
+             "bytes of the key names one client's registrations may hold together"),
+        ],
+    )  # fmt: skip
     parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR")
     parser.set_defaults(func=run)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -186,6 +148,18 @@ def run_repair(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     print(repaired.describe())
     return 0
+
+
+def _limit_flags(group: Any, limits: object, flags: list[tuple[str, str, type, str, str]]) -> None:
+    """One flag per limit: (flag, the limit's field, its type, metavar, what it bounds)."""
+    for flag, field, kind, metavar, what in flags:
+        group.add_argument(
+            flag,
+            type=kind,
+            default=getattr(limits, field),
+            metavar=metavar,
+            help=f"{what} (default %(default)s)",
+        )
 
 
 class _ConfigError(Exception):
