@@ -373,7 +373,7 @@ class StoreJournal:
     def _run(self) -> None:
         while True:
             timeout = None
-            if self._unsynced:
+            if self._unsynced and self.fsync is FsyncPolicy.EVERYSEC:
                 timeout = max(0.0, self._synced_at + _EVERYSEC_S - time.monotonic())
             try:
                 item = self._queue.get(timeout=timeout)
@@ -411,14 +411,15 @@ class StoreJournal:
         try:
             write_all(self._file, data)
             self._size += len(data)
-            if self.fsync is FsyncPolicy.ALWAYS:
-                os.fsync(self._file)
+            due = self.fsync is FsyncPolicy.EVERYSEC and (
+                time.monotonic() - self._synced_at >= _EVERYSEC_S
+            )
+            if self.fsync is FsyncPolicy.ALWAYS or due:
+                os.fsync(self._file)  # a failure takes this batch back, as any other
+                self._unsynced = False
+                self._synced_at = time.monotonic()
             else:
                 self._unsynced = True
-                if self.fsync is FsyncPolicy.EVERYSEC and (
-                    time.monotonic() - self._synced_at >= _EVERYSEC_S
-                ):
-                    self._sync()
         except OSError as exc:
             self._fail(exc, before)
             return
@@ -426,7 +427,7 @@ class StoreJournal:
         self._report(self._kept)
 
     def _sync(self) -> None:
-        """EVERYSEC and NO: what was written is fsynced (every second, and at close)."""
+        """EVERYSEC: what was written is fsynced every second; EVERYSEC and NO: at close."""
         if not self._unsynced or self._file is None:
             return
         self._unsynced = False
