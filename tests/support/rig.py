@@ -70,6 +70,7 @@ class Rig:
         self.background = BackgroundLoop()
         self.port = free_port()
         self.store_events: list[StoreEvent] = []
+        self._store_changed = threading.Condition()
         self._awaited_reads: dict[tuple[str, bytes], threading.Event] = {}
         """Every write the store handled, by its own record (for the wire check)."""
         self.store = self._make_store()
@@ -84,8 +85,30 @@ class Rig:
 
     def _make_store(self) -> EmbeddedStateStore:
         store = EmbeddedStateStore("127.0.0.1", self.port)
-        watch_writes(store.store, self.store_events.append, self._read)
+        watch_writes(store.store, self._record, self._read)
         return store
+
+    def _record(self, event: StoreEvent) -> None:
+        with self._store_changed:
+            self.store_events.append(event)
+            self._store_changed.notify_all()
+
+    def wait_store_event(
+        self, predicate: Callable[[StoreEvent], bool], timeout: float = 10.0
+    ) -> StoreEvent:
+        """The first write the store handled (so far, or to come) that `predicate` likes."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._store_changed:
+            while True:
+                for event in self.store_events[seen:]:
+                    if predicate(event):
+                        return event
+                seen = len(self.store_events)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"no such write in the store within {timeout} s")
+                self._store_changed.wait(remaining)
 
     def _read(self, client: str, key: bytes) -> None:
         for (instance, wanted), event in list(self._awaited_reads.items()):
