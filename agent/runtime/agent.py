@@ -651,7 +651,9 @@ class Agent:
     async def _reload(self, load: Callable[[], AgentSettings | str]) -> None:
         async with self._reloading:
             found = await asyncio.to_thread(load)  # files read off the event loop
-            why = found if isinstance(found, str) else reload.refusal(self.settings, found)
+            why = (
+                found if isinstance(found, str) else reload.why_not_reloadable(self.settings, found)
+            )
             if why is not None or isinstance(found, str):
                 log.error("reload refused: %s; running configuration %s", why, self.config_hash)
                 return

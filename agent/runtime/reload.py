@@ -74,8 +74,15 @@ def device_changes(old: Line, new: Line) -> DeviceChanges:
 LINE_SETTINGS = ("line_id", "devices", "devices_file", "profiles_file", "device_id")
 
 
-def refusal(old: AgentSettings, new: AgentSettings) -> str | None:
-    """Why `new` cannot replace `old` in a running process, or None."""
+def why_not_reloadable(old: AgentSettings, new: AgentSettings) -> str | None:
+    """Why `new` cannot replace `old` in a running process, or None. What would not start
+    is refused as at start: an active that kept the lease of a line it serves no device
+    of would keep its standby from ever taking the line over."""
+    if not new.line.devices:
+        return (
+            f"no device of line {new.line.id} can be served (the devices list is empty): "
+            "a line without devices does not start, and is not reloaded"
+        )
     if new.line.id != old.line.id:
         return (
             f"the line's id changed from {old.line.id} to {new.line.id} (AGENT_LINE_ID): "
