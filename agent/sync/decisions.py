@@ -221,13 +221,17 @@ def settled(synced: Synced, pending: Iterable[Synced], controller: PointValue) -
 
 
 def still_pending(pending: Iterable[Synced], synced: Synced) -> tuple[Synced, ...]:
-    """The pending writes a sync at `synced` has not settled (newer than it), bounded."""
-    kept = [
-        p
+    """The pending writes a sync at `synced` has not settled (newer than it): a set, oldest
+    first, the newest MAX_PENDING kept. A write known twice (our own and the one a record
+    read back names, as a takeover after a reload merges them) is one write: kept twice,
+    it would push a distinct older one out, and the unit holding that one be taken for a
+    panel change."""
+    kept = {
+        p: p.version
         for p in pending
         if p.version is not None and (synced.version is None or p.version > synced.version)
-    ]
-    return tuple(kept[-MAX_PENDING:])
+    }
+    return tuple(sorted(kept, key=kept.__getitem__)[-MAX_PENDING:])
 
 
 def newer(a: Synced, b: Synced) -> Synced:
