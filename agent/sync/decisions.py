@@ -35,26 +35,41 @@ InvalidRemoteValue = InvalidValue
 
 
 @dataclass(frozen=True, slots=True)
+class Deadband:
+    """What a heating or cooling set point must keep from the other one: a heating set
+    point stays below the cooling one by `least`, and the other way round."""
+
+    other: str
+    """The other set point's name (heatSetPoint, coolSetPoint)."""
+    other_value: float | None
+    """Its value: the unit's, or the one a change of its key in the same burst brings."""
+    least: float
+
+    def breaks(self, value: float) -> str | None:
+        """Why `value` cannot stand beside the other set point, or None."""
+        heat, cool = (
+            (value, self.other_value) if self.other == "coolSetPoint" else (self.other_value, value)
+        )
+        return points.check_deadband(heat, cool, self.least)
+
+
+@dataclass(frozen=True, slots=True)
 class Rules:
     """What a remote value of one point must be: its kind (agent.controller.points), the
-    unit's limits for a number, and for a heating or cooling set point the other one's
-    value now and the least deadband between them."""
+    unit's limits for a number, and for a heating or cooling set point the deadband it
+    keeps from the other one."""
 
     point: Point = SET_POINT
     limits: Limits | None = None
-    partner: tuple[str, float | None, float] | None = None
-    """(the other set point's name, its value now, the deadband): a heating set point
-    must stay below the cooling one by the deadband, and the other way round."""
+    deadband: Deadband | None = None
 
     def valid(self, raw: bytes) -> tuple[PointValue, PointValue]:
         """(as sent, as the unit will keep it: rounded to its step) or InvalidValue."""
         sent = points.parse(self.point, raw)
         kept = points.validate(self.point, sent, self.limits)
-        if self.partner is not None:
-            name, other, deadband = self.partner
+        if self.deadband is not None:
             assert isinstance(kept, float)
-            heat, cool = (kept, other) if name == "coolSetPoint" else (other, kept)
-            reason = points.check_deadband(heat, cool, deadband)
+            reason = self.deadband.breaks(kept)
             if reason is not None:
                 raise InvalidValue(reason)
         return sent, kept
