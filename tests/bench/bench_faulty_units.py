@@ -79,6 +79,9 @@ def measure(
             outcome = one_change(rig, address, value, fenced=True)
             if outcome is None:
                 run.lost += 1
+                agent.drain()
+                said = [line.rstrip() for line in agent.lines if f"t{address:02d}" in line]
+                print(f"  lost: t{address:02d} {value} (change {index}); its log:", *said[-8:])
                 continue
             run.changes.append(outcome)
             if index % 10 == 9:
