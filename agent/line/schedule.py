@@ -28,16 +28,10 @@ that came back is still found.
 
 A slow device (its transactions take `SLOW_FACTOR` times a poll's line time or more,
 answered or not: a unit that times out holds the line for its reply timeout and the wait for
-its late reply) costs the others at most one of its transactions per change: it is polled
-less often (its polls take at most `SLOW_SHARE` of the line), and no poll starts that would
-still be on the line when a waiting write becomes due.
-
-A misbehaving device (slow, quarantined, or its last answer missing or garbled) never comes
-between an urgent read and the write that may follow it: its polls and probes wait up to
-`MISBEHAVING_HOLD_S` after the read (an event loop under load may take longer than a poll
-to decide the write), while the healthy devices' polls go on. So a healthy unit's remote
-change waits for at most the transaction on the line when it arrives, however the others
-misbehave.
+its late reply) costs the others at most one of its transactions per change: no poll of it
+starts that would still be on the line when a waiting write becomes due, and one that
+answers slowly is polled less often (its polls take at most `SLOW_SHARE` of the line; one
+that does not answer is quarantined after its timeouts in a row, then probed).
 """
 
 from __future__ import annotations
@@ -61,12 +55,6 @@ URGENT_BEFORE_ROUTINE = 4
 """Urgent transactions in a row after which a due probe or poll takes a turn."""
 SMOOTHING = 0.3
 """Weight of the newest duration in a device's running mean."""
-MISBEHAVING_HOLD_S = 1.0
-"""How long after an urgent read a misbehaving device's transaction waits for the write that
-may follow (the write ends the wait)."""
-MISBEHAVING_HELD_AT_MOST_S = 10.0
-"""Under a stream of urgent reads, a misbehaving device's poll or probe waits no longer
-than this in all: a unit that came back is still found."""
 
 
 class Kind(enum.Enum):
@@ -122,8 +110,6 @@ class _Device:
     """Running mean of how long its answered transactions take."""
     next_poll_at: float = float("-inf")
     """A slow device is not polled before this."""
-    held_since: float | None = None
-    """When its poll or probe was first held back for an urgent read's write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +171,6 @@ class BusSchedule:
         self.write_hold_s = write_hold_s
         self._held_until = float("-inf")
         """Routine work waits until then (an urgent read's write may follow)."""
-        self._misbehaving_held_until = float("-inf")
-        """A misbehaving device's polls and probes wait until then (likewise)."""
         self._urgent: deque[Op] = deque()
         self._cycle: deque[str] = deque()
         self._cycle_due_at = now
@@ -222,19 +206,6 @@ class BusSchedule:
 
     def _is_slow(self, took: float | None) -> bool:
         return self.poll_s > 0 and took is not None and took >= SLOW_FACTOR * self.poll_s
-
-    def misbehaving(self, device: str) -> bool:
-        """Slow, quarantined, or its last transaction unanswered or garbled."""
-        known = self._devices.get(device)
-        return known is not None and self._misbehaves(known)
-
-    def _misbehaves(self, device: _Device) -> bool:
-        return (
-            device.quarantined
-            or device.timeouts_in_a_row > 0
-            or device.errors_in_a_row > 0
-            or self._is_slow(device.took_s)
-        )
 
     # ------------------------------------------------------------------ requests
 
@@ -313,13 +284,9 @@ class BusSchedule:
         """A due probe or poll; else the time to look again, at the latest `wake` (a poll
         that would still be on the line then does not start)."""
         for device in self._devices.values():
-            if device.quarantined and device.probe_at <= now:
-                if self._held(device, now):
-                    wake = min(wake, self._misbehaving_held_until)
-                    continue
-                device.held_since = None
-                return Op(device.name, Kind.PROBE)
             if device.quarantined:
+                if device.probe_at <= now:
+                    return Op(device.name, Kind.PROBE)
                 wake = min(wake, device.probe_at)
         if not self._cycle and now >= self._cycle_due_at:
             self._start_cycle(now)
@@ -329,30 +296,13 @@ class BusSchedule:
             if device.quarantined or (self._is_slow(device.took_s) and device.next_poll_at > now):
                 self._cycle.popleft()  # left out of this cycle
                 continue
-            if self._held(device, now):
-                # Left out of this cycle too: a misbehaving device's polls are spaced out.
-                self._cycle.popleft()
-                wake = min(wake, self._misbehaving_held_until)
-                continue
             # No poll that would still be on the line when a waiting write is due.
             if now + (device.took_s or self.poll_s) > wake:
                 return wake
             self._cycle.popleft()
-            device.held_since = None
             return Op(name, Kind.POLL)
         self._end_cycle(now)
         return min(wake, self._cycle_due_at)
-
-    def _held(self, device: _Device, now: float) -> bool:
-        """Whether a misbehaving device's poll or probe waits for an urgent read's write."""
-        if not self._misbehaves(device):
-            device.held_since = None
-            return False
-        if now >= self._misbehaving_held_until:
-            return False
-        if device.held_since is None:
-            device.held_since = now
-        return now - device.held_since < MISBEHAVING_HELD_AT_MOST_S
 
     def finished(
         self, op: Op, outcome: Outcome, now: float, took_s: float | None = None
@@ -365,9 +315,8 @@ class BusSchedule:
             device.last_write_at = now  # it may have reached the device even so
         if op.kind in (Kind.READ, Kind.LIMITS) and outcome is Outcome.OK:
             self._held_until = now + self.write_hold_s
-            self._misbehaving_held_until = now + MISBEHAVING_HOLD_S
         elif op.kind is Kind.WRITE:
-            self._held_until = self._misbehaving_held_until = float("-inf")
+            self._held_until = float("-inf")
         if outcome is Outcome.LINE_DOWN:
             return Verdict()
         if took_s is not None and op.kind is not Kind.WRITE:
@@ -378,8 +327,9 @@ class BusSchedule:
                 if device.took_s is None
                 else SMOOTHING * took_s + (1 - SMOOTHING) * device.took_s
             )
-            if op.kind is Kind.POLL and self._is_slow(device.took_s):
-                # Its polls take at most SLOW_SHARE of the line.
+            if op.kind is Kind.POLL and outcome is Outcome.OK and self._is_slow(device.took_s):
+                # Its polls take at most SLOW_SHARE of the line. (One that does not answer is
+                # not spaced out so: its timeouts in a row quarantine it first.)
                 device.next_poll_at = now + max(self.poll_interval_s, device.took_s / SLOW_SHARE)
         if outcome is Outcome.ERROR:
             device.errors += 1
