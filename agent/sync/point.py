@@ -360,13 +360,15 @@ class PointSync:
             await self.reconcile()
             return
         async with self._busy:
-            await self._run_locked(
+            decided = await self._run_locked(
                 "remote change",
                 lambda current, rules: decisions.on_remote_change(
                     self.status.synced, value, version, current, rules
                 ),
                 since=time.monotonic() if arrived is None else arrived,
             )
+        if not decided:
+            self.reconcile_soon()  # the unit unread (a reply lost): the store still has it
 
     async def poll(self) -> None:
         """Reads the controller now (urgent) and publishes a local change."""
