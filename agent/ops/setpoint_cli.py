@@ -6,7 +6,9 @@ value against the unit's limits when the active has published them (in the devic
 record), fences the write with the line's lock (`<line>\\lock`), and with `--wait` waits
 until the active has applied it (its sync record shows the write's version) or refused it
 (the record says why). `--point mode` (or heatSetPoint, coolSetPoint, fan, occupied) writes
-another point of a unit with a profile. A device no agent has reported is refused, with
+another point of a unit with a profile; `heatSetPoint=25 coolSetPoint=27` writes several
+points of the device in one command (a heating and a cooling set point so written are
+judged as one change: both go, or both are refused). A device no agent has reported is refused, with
 close matches (--force to try it anyway). Connection settings as for `agent store`. Exit
 codes: 0 done, 1 no agent serves the device (or nobody is active), 2 usage (a device name
 the agent would not take included), 3 service error, 4 connection failure or timeout,
@@ -32,6 +34,7 @@ from agent.client.cli import (
 )
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.controller import points
+from agent.controller.interface import PointValue
 from agent.controller.points import WRITABLE, InvalidValue
 from agent.ops import target
 from agent.ops.keys import DeviceKeys, KeyTemplates, NoActive, NoLine, fenced_set, find
@@ -73,8 +76,11 @@ def register(subparsers: Any) -> None:
     set_.add_argument("device")
     set_.add_argument(
         "value",
+        nargs="+",
         help="a set point in degrees Celsius (22.5); a mode (off, heat, cool, auto, fan); a "
-        "fan speed (auto, on, low, medium, high); occupied: true or false",
+        "fan speed (auto, on, low, medium, high); occupied: true or false. Several points "
+        "at once as POINT=VALUE (heatSetPoint=25 coolSetPoint=27): written together, "
+        "judged by the agent as one change",
     )
     set_.add_argument(
         "--wait",
@@ -92,10 +98,7 @@ def run(args: argparse.Namespace) -> int:
     def check() -> None:
         usable_name(args.device, "device")
         if args.setpoint_command == "set":
-            try:
-                points.parse(points.point(args.point), args.value.encode())
-            except InvalidValue as exc:
-                raise UsageError(str(exc)) from None
+            args.values = _values(args.value, args.point)
 
     templates = KeyTemplates()
 
@@ -149,65 +152,97 @@ async def _record(client: StateStoreClient, found: DeviceKeys) -> SyncRecord | N
         return None
 
 
+def _values(given: list[str], default_point: str) -> list[tuple[points.Point, PointValue]]:
+    """The points to write and their values: one VALUE (of --point), or POINT=VALUE each."""
+    if len(given) == 1 and "=" not in given[0]:
+        given = [f"{default_point}={given[0]}"]
+    values: dict[str, tuple[points.Point, PointValue]] = {}
+    for word in given:
+        name, equals, text = word.partition("=")
+        if not equals:
+            raise UsageError(f"{word!r}: with several values, give each as POINT=VALUE")
+        if name not in WRITABLE:
+            raise UsageError(f"{name!r} is not a point to write (one of {', '.join(WRITABLE)})")
+        if name in values:
+            raise UsageError(f"{name} is given twice")
+        point = points.point(name)
+        try:
+            values[name] = (point, points.parse(point, text.encode()))
+        except InvalidValue as exc:
+            raise UsageError(str(exc)) from None
+    return list(values.values())
+
+
 async def _set(client: StateStoreClient, args: argparse.Namespace, keys: Any) -> int:
     try:
         found = await find(client, args.device, keys)
     except NoLine as exc:
         print(f"{NAME}: {exc}", file=sys.stderr)
         return EXIT_NOT_APPLIED
-    point = points.point(args.point)
-    value = points.parse(point, args.value.encode())
     known = await _record(client, found)
-    limits = None if known is None else known.limits.get(point.name)
-    if limits is not None or point.kind is not points.Kind.NUMBER:
-        try:
-            points.validate(point, value, limits)
-        except InvalidValue as exc:
-            # The active published the unit's limits: no need to try what it would refuse.
-            print(f"{NAME}: refused: {exc}", file=sys.stderr)
-            return EXIT_REFUSED
-    outcome: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-    wanted: list[Hlc] = []
+    for point, value in args.values:
+        limits = None if known is None else known.limits.get(point.name)
+        if limits is not None or point.kind is not points.Kind.NUMBER:
+            try:
+                points.validate(point, value, limits)
+            except InvalidValue as exc:
+                # The active published the unit's limits: no need to try what it would
+                # refuse.
+                print(f"{NAME}: refused: {exc}", file=sys.stderr)
+                return EXIT_REFUSED
+    loop = asyncio.get_running_loop()
+    outcomes: dict[str, asyncio.Future[str | None]] = {
+        point.name: loop.create_future() for point, _ in args.values
+    }
+    wanted: dict[str, Hlc] = {}
 
     def on_record(change: KeyChange) -> None:
-        if change.value is None or not wanted or outcome.done():
+        if change.value is None or not wanted:
             return
         try:
             record = parse_full_record(change.value)
         except InvalidRecord:
             return
         refused = record.refused
-        if refused is not None and refused.point == point.name and refused.version == wanted[0]:
-            outcome.set_result(refused.reason)
-            return
-        entry = record.point(point.name)
-        version = None if entry is None else entry.synced.version
-        if version is not None and version >= wanted[0]:
-            outcome.set_result(None)
+        for name, version in wanted.items():
+            if outcomes[name].done():
+                continue
+            if refused is not None and refused.point == name and refused.version == version:
+                outcomes[name].set_result(refused.reason)
+                continue
+            entry = record.point(name)
+            synced = None if entry is None else entry.synced.version
+            if synced is not None and synced >= version:
+                outcomes[name].set_result(None)
 
-    key = _key(found, point.name, keys)
     if args.wait > 0:
         await client.observe(found.synced, on_record)
-    try:
-        result, _ = await fenced_set(client, found, points.encode(point, value), key=key)
-    except NoActive as exc:
-        print(f"{NAME}: {exc}", file=sys.stderr)
-        return EXIT_NOT_APPLIED
-    print(result.version)
+    for point, value in args.values:
+        # Back to back: the agent takes a heating and a cooling set point written in one
+        # burst for one change (agent.sync.setpoint_pair).
+        try:
+            key = _key(found, point.name, keys)
+            result, _ = await fenced_set(client, found, points.encode(point, value), key=key)
+        except NoActive as exc:
+            print(f"{NAME}: {exc}", file=sys.stderr)
+            return EXIT_NOT_APPLIED
+        print(result.version if len(args.values) == 1 else f"{point.name} {result.version}")
+        assert result.version is not None
+        wanted[point.name] = result.version
     if args.wait <= 0:
         return EXIT_OK
-    assert result.version is not None
-    wanted.append(result.version)
     raw, _ = await client.get(found.synced)
     if raw is not None:
         on_record(KeyChange(found.synced.encode(), "SET", raw, None))
     try:
         async with asyncio.timeout(args.wait):
-            reason = await outcome
+            reasons = await asyncio.gather(*outcomes.values())
     except TimeoutError:
-        print(f"{NAME}: not applied within {args.wait:g} s", file=sys.stderr)
+        late = [name for name, outcome in outcomes.items() if not outcome.done()]
+        print(f"{NAME}: {', '.join(late)} not applied within {args.wait:g} s", file=sys.stderr)
         return EXIT_CONNECTION
-    if reason is not None:
-        print(f"{NAME}: refused: {reason}", file=sys.stderr)
-        return EXIT_REFUSED
-    return EXIT_OK
+    for name, reason in zip(outcomes, reasons, strict=True):
+        if reason is not None:
+            shown = "" if len(outcomes) == 1 else f"{name}: "
+            print(f"{NAME}: refused: {shown}{reason}", file=sys.stderr)
+    return EXIT_REFUSED if any(reason is not None for reason in reasons) else EXIT_OK

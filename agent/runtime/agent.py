@@ -275,7 +275,9 @@ class Agent:
                 await self.control.watch()
                 any_record = False
                 for device_id, sync in list(self.devices.items()):
-                    record = await self._watch_device(device_id, sync)
+                    served, record = await self._watch_device(device_id, sync)
+                    if not served:
+                        del self.devices[device_id]
                     any_record = any_record or record is not None
                 if holder is None and any_record:
                     self.leadership.store_kept_its_contents()
@@ -295,11 +297,11 @@ class Agent:
                 delay = min(delay * 2, self.settings.mqtt.reconnect_max_s)
         self.session.on_connect(self._on_reconnect)
 
-    async def _watch_device(self, device_id: str, sync: DeviceSync) -> bytes | None:
-        """Watches a device's keys (agent.runtime.devices); one that cannot be served is
-        left out. Returns its sync record."""
+    async def _watch_device(self, device_id: str, sync: DeviceSync) -> tuple[bool, bytes | None]:
+        """Watches a device's keys (agent.runtime.devices): whether it can be served (the
+        broker's rules may refuse its keys), and its sync record."""
         assert self.client is not None
-        served, record = await watch_device(
+        return await watch_device(
             self.client,
             device_id,
             sync,
@@ -307,9 +309,6 @@ class Agent:
             on_record=self._on_record,
             store_seen=self.health.store_seen,
         )
-        if not served:
-            del self.devices[device_id]
-        return record
 
     async def _shutdown(self) -> int:
         """SIGTERM: stop writing, release the lock so the standby takes over, exit 0."""
@@ -651,7 +650,9 @@ class Agent:
     async def _reload(self, load: Callable[[], AgentSettings | str]) -> None:
         async with self._reloading:
             found = await asyncio.to_thread(load)  # files read off the event loop
-            why = found if isinstance(found, str) else reload.refusal(self.settings, found)
+            why = (
+                found if isinstance(found, str) else reload.why_not_reloadable(self.settings, found)
+            )
             if why is not None or isinstance(found, str):
                 log.error("reload refused: %s; running configuration %s", why, self.config_hash)
                 return

@@ -26,10 +26,11 @@ from agent.controller import points
 from agent.controller.interface import Controller, ControllerState, PointValue
 from agent.controller.profile import SET_POINT_ONLY, Profile
 from agent.protocol.hlc import Hlc
-from agent.sync.decisions import Rules, parsed
+from agent.sync.decisions import Deadband, Rules, parsed
 from agent.sync.device_record import DeviceRecord
 from agent.sync.point import PointSync
 from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
+from agent.sync.setpoint_pair import OTHER, SetPointPair
 from agent.sync.state_file import StateFile
 from agent.sync.status import SyncCounters, SyncStatus
 
@@ -91,6 +92,11 @@ class DeviceSync:
                 self._rules_for(name),
             )
         self.setpoint = self.points["setPoint"]
+        self._pair: SetPointPair | None = None
+        if set(OTHER) <= set(self.points):
+            self._pair = SetPointPair(
+                self.points, profile.deadband, self._last_reading, self._spawn
+            )
         self._readings = {
             name: rules.store_deadband
             for name, rules in profile.points.items()
@@ -190,7 +196,13 @@ class DeviceSync:
                 self._spawn(self._store_reading(name, value))
 
     def remote_changed(self, point: str, change: KeyChange) -> None:
+        if self._pair is not None and point in OTHER and self._pair.arrived(point, change):
+            return  # judged with the other set point's change (agent.sync.setpoint_pair)
         self.points[point].remote_changed(change)
+
+    def _last_reading(self) -> ControllerState | None:
+        controller = self.controller
+        return None if controller is None else controller.last_state
 
     def saw_in_store(self, point: str, value: bytes | None, version: Hlc | None) -> None:
         """A change of a point's key delivered to this instance (or its value when the
@@ -360,12 +372,14 @@ class DeviceSync:
                 limits = self.profile.limits(name)
             if limits is not None:
                 self.record.limits[name] = limits
-            partner = None
+            deadband = None
             if partner_name is not None:
-                other = state.value(partner_name)
+                # The other's new value when both changed in one burst, else the unit's.
+                judged_with = {} if self._pair is None else self._pair.judged_with
+                other = judged_with.get(partner_name, state.value(partner_name))
                 other_value = other if isinstance(other, float) else None
-                partner = (partner_name, other_value, self.profile.deadband)
-            return Rules(point, limits, partner)
+                deadband = Deadband(partner_name, other_value, self.profile.deadband)
+            return Rules(point, limits, deadband)
 
         return rules
 

@@ -60,7 +60,7 @@ from agent.sync.decisions import (
 )
 from agent.sync.device_record import DeviceRecord, MarkedRecord, Written
 from agent.sync.fence import fence
-from agent.sync.recollection import Recollection
+from agent.sync.recollection import Recollection, StoreReading
 from agent.sync.record import PointRecord, Refusal
 from agent.sync.state_file import StateFile
 from agent.sync.status import SyncStatus
@@ -116,7 +116,9 @@ class PointSync:
         self._reconcile_wanted = False
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
-        self._takeover: Synced | None = None
+        self._decide_as_takeover: Synced | None = None
+        """The next decision is a takeover's, on this base (what the former active last
+        had): after a takeover, and after our own publish in doubt (its record read back)."""
         self._unanswered: PointValue | None = None
         """Our own publish whose answer never came, until the point syncs again."""
         self.reconciled = asyncio.Event()
@@ -176,17 +178,17 @@ class PointSync:
             # not on the takeover's (what the former active last had on the controller), and
             # a value the former active had published was taken for a panel change.
             while self.controller is not None and (
-                self._takeover is not None or self.reconciled.is_set()
+                self._decide_as_takeover is not None or self.reconciled.is_set()
             ):
                 try:
-                    if self._takeover is not None:
-                        record, self._takeover = self._takeover, None
+                    if self._decide_as_takeover is not None:
+                        record, self._decide_as_takeover = self._decide_as_takeover, None
                         decided = await self._reconcile_at_takeover(record)
                         self.reconciled.set()
                         if not decided and self.controller is not None:
                             # The store or the unit did not answer: the takeover's base
                             # still decides, at the next event (a reading, a change).
-                            self._takeover = record
+                            self._decide_as_takeover = record
                             break
                     elif self._reconcile_wanted:
                         self._reconcile_wanted = False
@@ -251,10 +253,8 @@ class PointSync:
             )
         synced = self.status.synced if entry is None else entry.synced
         if entry is not None:
-            whole_since = self.client.delivered_since(self.key)
-            if not self.past.count(
-                entry, marked_at, store_raw, store_version, whole_since, own=False
-            ):
+            store = StoreReading(store_raw, store_version, self.client.delivered_since(self.key))
+            if not self.past.take_former_publish(entry, marked_at, store):
                 self.log.info(
                     "takeover: the former active's publish of %s %s never reached the store "
                     "(refused): the controller's value is a panel change still to publish",
@@ -264,7 +264,7 @@ class PointSync:
         # Until the takeover's reconcile decides, every record names the publish it counts as
         # the store's (a store that lost its contents lost the record that named it).
         self.enter_in_record(synced=decisions.newer(self.status.synced, synced))
-        self._takeover = synced
+        self._decide_as_takeover = synced
         self._wake.set()
         return store_version is not None and (
             synced.version is None or store_version > synced.version
@@ -323,8 +323,8 @@ class PointSync:
                 self._what,
             )
         entry, marked_at = (None, None) if marked is None else (marked.entry, marked.version)
-        whole_since = self.client.delivered_since(self.key)
-        self.past.count(entry, marked_at, store_raw, store_version, whole_since, own=True)
+        store = StoreReading(store_raw, store_version, self.client.delivered_since(self.key))
+        self.past.take_own_publish(entry, marked_at, store)
 
     async def fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
         """`key` fenced with this instance's token (agent.sync.fence)."""
@@ -342,7 +342,7 @@ class PointSync:
         """Stepping down: hands back the controller, drops pending work (the next reconciles)."""
         controller, self.controller = self.controller, None
         self._remote, self._reading, self._reconcile_wanted = None, None, False
-        self._takeover = None
+        self._decide_as_takeover = None
         self.reconciled.clear()
         return controller
 
@@ -360,13 +360,15 @@ class PointSync:
             await self.reconcile()
             return
         async with self._busy:
-            await self._run_locked(
+            decided = await self._run_locked(
                 "remote change",
                 lambda current, rules: decisions.on_remote_change(
                     self.status.synced, value, version, current, rules
                 ),
                 since=time.monotonic() if arrived is None else arrived,
             )
+        if not decided:
+            self.reconcile_soon()  # the unit unread (a reply lost): the store still has it
 
     async def poll(self) -> None:
         """Reads the controller now (urgent) and publishes a local change."""
@@ -623,7 +625,7 @@ class PointSync:
                 # The store may have it and a remote change after it: the next decision is
                 # made as a takeover's, on the record sent behind it, read back first (once
                 # connected again: the reconnect wakes the worker).
-                self._takeover = self.status.synced
+                self._decide_as_takeover = self.status.synced
                 if isinstance(exc, TimeoutError):
                     self._wake.set()
             return

@@ -110,3 +110,22 @@ def test_an_invalid_change_is_refused_whole_and_the_line_runs_on(tmp_path: Path)
         assert active.proc.poll() is None
     finally:
         rig.close()
+
+
+def test_a_reload_to_no_devices_is_refused_as_at_start(tmp_path: Path) -> None:
+    """An empty devices list would not start (exit 78): applied on reload, the active would
+    keep the lease of a line it serves nothing of, and its standby never take over."""
+    rig = FileRig(tmp_path, 2, ttl_ms=1500)
+    try:
+        active, _ = rig.start_active("a")
+        rig.devices_file.write_text("[]")
+        active.signal(signal.SIGHUP)
+        refused = active.wait_for_new(REFUSED, timeout=10)
+        assert f"no device of line {rig.LINE} can be served" in refused.group(1)
+        assert rig.remote_set_device(1, b"23.5") == b"+OK\r\n"
+        rig.wait_line(lambda line: line.unit(1).setpoint == 23.5)
+        active.drain()
+        assert not any(RELOADED.search(t) for t in active.lines), active.lines
+        assert active.proc.poll() is None
+    finally:
+        rig.close()
