@@ -29,8 +29,10 @@ from agent.config import (
     ENV_NESTED_DELIMITER,
     ENV_PREFIX,
     AgentSettings,
+    known_variables,
     redacted,
     setting_errors,
+    unknown_variables,
 )
 from agent.config.fingerprint import config_hash
 from agent.runtime.agent import EXIT_CONFIG, Agent
@@ -152,6 +154,12 @@ def _configured(name: str, flags: dict[str, Any], *path: str) -> bool:
 
 
 def load_settings(args: argparse.Namespace) -> AgentSettings:
+    given = list(os.environ)
+    if args.env_file is not None:
+        given += [name for name in dotenv_values(args.env_file) if name]
+    unknown = unknown_variables(given, known_variables(AgentSettings))
+    if unknown:
+        raise ConfigError("\n".join(unknown))
     flags = _flag_settings(args)
     if args.simulate:
         # Sensible defaults for a laptop; anything configured still wins.
@@ -195,7 +203,7 @@ def load_settings(args: argparse.Namespace) -> AgentSettings:
 
 
 class ConfigError(Exception):
-    pass
+    """Settings the agent refuses: one line per setting."""
 
 
 def env_file_problem(path: Path) -> str | None:
@@ -259,7 +267,8 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
             logs.console_error(f"agent: invalid setting {line}")
         return EXIT_CONFIG
     except ConfigError as exc:
-        logs.console_error(f"agent: invalid setting {exc}")
+        for line in str(exc).splitlines():
+            logs.console_error(f"agent: invalid setting {line}")
         return EXIT_CONFIG
     logs.setup(settings.log_level)
     if args.simulate:
@@ -375,7 +384,7 @@ def _reload_settings(args: argparse.Namespace) -> AgentSettings | str:
     except ValidationError as exc:
         return "invalid setting " + "; ".join(setting_errors(exc))
     except ConfigError as exc:
-        return f"invalid setting {exc}"
+        return "invalid setting " + "; ".join(str(exc).splitlines())
 
 
 async def _run(settings: AgentSettings, load: Callable[[], AgentSettings | str]) -> int:
