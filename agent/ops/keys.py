@@ -93,13 +93,3 @@ async def fenced_set(
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def line_of(client: StateStoreClient, target: str, keys: KeySettings) -> tuple[str, bool]:
-    """The line a line or device id names, and whether it was a device: a device names its
-    line in `<device>\\line`; anything else is taken as a line's id (with the single-device
-    configuration the line is the device, and names itself)."""
-    value, _ = await client.get(keys.of("line", device=target, line=target))
-    if value is None:
-        return target, False
-    return value.decode(errors="replace"), True
