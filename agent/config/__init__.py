@@ -47,6 +47,7 @@ from agent.config.devices import (
 from agent.config.environment import (
     ENV_NESTED_DELIMITER,
     ENV_PREFIX,
+    env_file_problem,
     known_variables,
     redacted,
     setting_errors,
@@ -89,6 +90,7 @@ __all__ = [
     "check_devices",
     "check_id",
     "default_client_id",
+    "env_file_problem",
     "known_variables",
     "parse_devices",
     "redacted",

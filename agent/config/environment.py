@@ -8,9 +8,11 @@ secrets masked (``redacted``).
 
 from __future__ import annotations
 
+import os
 import types
 import typing
 from collections.abc import Collection, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -108,3 +110,26 @@ def unknown_variables(names: Iterable[str], known: Collection[str]) -> list[str]
         )
         lines.append(f"{name}: no such setting; {hint}")
     return lines
+
+
+def env_file_problem(path: Path) -> str | None:
+    """Why ``--env-file path`` cannot be read as settings, or None when it can.
+
+    A regular file of UTF-8 text, or the null device (an empty file: ``--env-file /dev/null``
+    says "no settings from a file"). Anything else (a directory, a FIFO, which would block
+    the start) is refused here, so that the error names the flag rather than ending in a
+    traceback from the reader.
+    """
+    try:
+        if not path.exists():
+            return "no such file"
+        if path.resolve() == Path(os.devnull):
+            return None
+        if not path.is_file():
+            return "not a regular file (an env file of NAME=value lines is)"
+        path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})"
+    return None

@@ -34,7 +34,7 @@ from agent.client.cli import (
 from agent.client.statestore import StateStoreClient
 from agent.config.nearest import suggestions
 from agent.ops import view
-from agent.ops.keys import KeyTemplates
+from agent.ops.keys import KeyTemplates, key_templates
 from agent.ops.names import EXIT_UNKNOWN, Reported, unknown
 from agent.ops.retained import Retained
 from agent.ops.target import reported, usable_name
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         if args.instance is not None:
             usable_name(args.instance, "instance")
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
     return run_one_shot(args, NAME, lambda client: forget(client, args, templates), check)
 
 

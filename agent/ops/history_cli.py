@@ -30,7 +30,7 @@ from agent.client.cli import (
 from agent.client.statestore import StateStoreClient
 from agent.ops.history import Entry, InvalidHistory
 from agent.ops.history_store import read
-from agent.ops.keys import KeyTemplates
+from agent.ops.keys import KeyTemplates, key_templates
 from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
 from agent.ops.target import find, reported, usable_name
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         if args.target is not None:
             usable_name(args.target)
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
     return run_one_shot(args, NAME, lambda client: history(client, args, templates), check)
 
 

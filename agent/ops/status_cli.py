@@ -46,7 +46,7 @@ from agent.client.errors import StateStoreError
 from agent.client.session import SessionError
 from agent.client.statestore import StateStoreClient
 from agent.ops import view
-from agent.ops.keys import KeyTemplates
+from agent.ops.keys import KeyTemplates, key_templates
 from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
 from agent.ops.target import find, usable_name
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         if args.target is not None:
             usable_name(args.target)
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
 
     async def work(client: StateStoreClient) -> int:
         stop = _stop_event() if args.watch else asyncio.Event()

@@ -37,7 +37,7 @@ from agent.client.lock import holder_instance
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.ops import view
 from agent.ops.control import SwitchoverRequest, now_iso
-from agent.ops.keys import KeyTemplates
+from agent.ops.keys import KeyTemplates, key_templates
 from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
 from agent.ops.target import find, usable_name
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--wait must be positive")
         usable_name(args.target)
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
     return run_one_shot(args, NAME, lambda client: switchover(client, args, templates), check)
 
 

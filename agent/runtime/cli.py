@@ -29,6 +29,7 @@ from agent.config import (
     ENV_NESTED_DELIMITER,
     ENV_PREFIX,
     AgentSettings,
+    env_file_problem,
     known_variables,
     redacted,
     setting_errors,
@@ -204,29 +205,6 @@ def load_settings(args: argparse.Namespace) -> AgentSettings:
 
 class ConfigError(Exception):
     """Settings the agent refuses: one line per setting."""
-
-
-def env_file_problem(path: Path) -> str | None:
-    """Why ``--env-file path`` cannot be read as settings, or None when it can.
-
-    A regular file of UTF-8 text, or the null device (an empty file: ``--env-file /dev/null``
-    says "no settings from a file"). Anything else (a directory, a FIFO, which would block
-    the start) is refused here, so that the error names the flag rather than ending in a
-    traceback from the reader.
-    """
-    try:
-        if not path.exists():
-            return "no such file"
-        if path.resolve() == Path(os.devnull):
-            return None
-        if not path.is_file():
-            return "not a regular file (an env file of NAME=value lines is)"
-        path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        return f"cannot read it: {exc.strerror or exc}"
-    except UnicodeDecodeError as exc:
-        return f"not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})"
-    return None
 
 
 def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
