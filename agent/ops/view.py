@@ -126,6 +126,8 @@ class InstanceRow:
     """Devices another line claims too, left alone here: device, line."""
     problem: str | None = None
     """Why it says it is failing."""
+    reload_refused: str | None = None
+    """Why its last reload was refused, until one loads: its files would fail a restart."""
 
     @property
     def can_take_over(self) -> bool:
@@ -261,6 +263,7 @@ def _instance_row(
         reconciling=reconciling if isinstance(reconciling, int) and up else None,
         conflicts=_conflicts(doc.get("conflicts")) if up else [],
         problem=_text(doc.get("problem")),
+        reload_refused=_text(doc.get("reload_refused")) if up else None,
     )
 
 
@@ -342,6 +345,11 @@ def _instance_problems(line: str, instances: list[InstanceRow], holder: str) -> 
         explained = True
     if not any(r.can_take_over for r in instances[1:]) and not explained:
         problems.append("no standby")
+    problems += [
+        f"{r.instance} refused a reload (a restart would fail the same way): {r.reload_refused}"
+        for r in instances
+        if r.reload_refused is not None
+    ]
     hashes = {r.config_hash for r in instances if r.up and r.config_hash}
     if len(hashes) > 1:
         shown = ", ".join(

@@ -142,6 +142,7 @@ def instance_document(
     taking_over_s: float | None = None,
     reconciling: int = 0,
     conflicts: Sequence[dict[str, str]] = (),
+    reload_refused: str | None = None,
 ) -> dict[str, Any]:
     ids = [d if isinstance(d, str) else d.id for d in devices]
     health = [d for d in devices if isinstance(d, DeviceHealth)]
@@ -174,6 +175,7 @@ def instance_document(
         "taking_over_s": None if taking_over_s is None else round(taking_over_s, 1),
         "reconciling": reconciling,
         "conflicts": list(conflicts),
+        "reload_refused": reload_refused,
     }
 
 
@@ -243,6 +245,9 @@ class InstanceView:
     """Why this standby could not take over now (its line checked without touching it)."""
     config_hash: str = ""
     """The line's configuration as this instance runs it (the pair's should agree)."""
+    reload_refused: str | None = None
+    """Why the last reload was refused, until one loads: the files on disk would fail a
+    restart."""
 
 
 # --------------------------------------------------------------------------- the publisher
@@ -432,6 +437,7 @@ class Health:
             duplicates=[f"{p} ({where})" for p, where in self.duplicates.items()],
             started_at=self.started,
             config_hash=view.config_hash,
+            reload_refused=view.reload_refused,
             not_ready=view.not_ready if view.role is not Role.ACTIVE else None,
             taking_over_s=view.taking_over_s,
             reconciling=sum(d.reconciling for d in view.devices.values()) if active else 0,

@@ -385,3 +385,16 @@ def test_a_long_host_name_is_cut_to_the_width() -> None:
     snapshot.health["gw1"]["host"] = "gw-" + "x" * 120
     lines = fits(view.render(view.assess(snapshot, NOW), rows=22, width=80), 22)
     assert any("…" in line for line in lines)
+
+
+def test_a_refused_reload_is_a_problem_until_one_loads() -> None:
+    snapshot = healthy()
+    snapshot.health["gw2"]["reload_refused"] = "invalid setting AGENT_DEVICES_FILE (x): bad"
+    report = view.assess(snapshot, NOW)
+    assert report.code == 5
+    assert report.problems == [
+        "gw2 refused a reload (a restart would fail the same way): invalid setting "
+        "AGENT_DEVICES_FILE (x): bad"
+    ]
+    snapshot.health["gw2"]["reload_refused"] = None
+    assert view.assess(snapshot, NOW).code == 0
