@@ -211,7 +211,7 @@ class DeviceView:
     """The active holds its controller (its place on the bus)."""
     synced_value: float | str | bool | None
     synced_version: Hlc | None
-    refused: dict[str, str] | None = None
+    refused: dict[str, str | None] | None = None
     """The last remote value the unit could not take: point, value, reason."""
     served_by: str | None = None
     """Another line that serves the device (configured on both): left alone here."""

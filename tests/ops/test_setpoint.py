@@ -75,3 +75,7 @@ def test_a_refusal_of_the_unit_is_recorded_and_the_store_restored(rig: Rig) -> N
     assert refused["point"] == "setPoint" and refused["value"] == "4.0"
     assert refused["reason"] == "4 is below the limit 5"
     assert rig.device_writes() == []
+    # Once the point has synced since, the refusal is past: status no longer shows it.
+    assert rig.remote_set(b"22.5") == b"+OK\r\n"
+    rig.wait_device(lambda d: d.setpoint == 22.5)
+    rig.wait_key(RECORD_KEY, lambda held: held is not None and b"refused" not in held)
