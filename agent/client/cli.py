@@ -36,6 +36,7 @@ from agent.client.session_errors import (
     TlsHangUp,
     TlsPortWithoutTls,
 )
+from agent.client.shown import show_value
 from agent.client.statestore import Condition, KeyChange, StateStoreClient
 from agent.config import (
     ConnectionSettings,
@@ -352,34 +353,6 @@ def _token(args: argparse.Namespace) -> Hlc | None:
 
 def _show(value: bytes, as_hex: bool) -> str:
     return value.hex() if as_hex else show_value(value)
-
-
-# How a character that is not printable is escaped when it has a short form.
-_SHORT_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
-_NOT_UTF8 = range(0xDC80, 0xDD00)  # a byte that is not UTF-8, as surrogateescape holds it
-
-
-def show_value(value: bytes) -> str:
-    """A store value (or key) in a line of text, as VALUES_SHOWN says: as it is
-    when it is UTF-8 text of printable characters, else escaped, the whole value the same
-    way (a control character is never written to the terminal as it is)."""
-    text = value.decode("utf-8", errors="surrogateescape")
-    if text.isprintable():
-        return text
-    shown = []
-    for char in text:
-        code = ord(char)
-        if code in _NOT_UTF8:
-            shown.append(f"\\x{code - 0xDC00:02x}")
-        elif char in _SHORT_ESCAPES:
-            shown.append(_SHORT_ESCAPES[char])
-        elif char.isprintable():
-            shown.append(char)
-        elif code < 0x80:
-            shown.append(f"\\x{code:02x}")
-        else:  # \xHH would read as a byte: a character says \u or \U
-            shown.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
-    return "".join(shown)
 
 
 async def _main(args: argparse.Namespace, settings: MqttSettings) -> int:

@@ -32,8 +32,8 @@ from agent.client.cli import (
     UsageError,
     connection_options,
     run_one_shot,
-    show_value,
 )
+from agent.client.shown import show_value
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.controller import points
 from agent.controller.points import WRITABLE, InvalidValue
@@ -74,7 +74,9 @@ def register(subparsers: Any) -> None:
         "--point",
         default="setPoint",
         choices=WRITABLE,
-        help="which point (default setPoint; the others need a unit with a profile)",
+        metavar="POINT",
+        help=f"which point: {', '.join(WRITABLE)} (default setPoint; the others need a unit "
+        "with a profile)",
     )
     point.add_argument("--force", action="store_true", help="try a device no agent has reported")
     commands = parser.add_subparsers(dest="setpoint_command", metavar="COMMAND", required=True)

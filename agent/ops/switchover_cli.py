@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import shutil
 import socket
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -157,8 +159,9 @@ async def switchover(
         gap = (at - released[0]) * 1000
         detail = f"; released after {(released[0] - started) * 1000:.0f} ms, "
         detail += f"taken {gap:.0f} ms later"
-    print(
+    said = (
         f"switched over line {line} from {old} to {successor} in "
         f"{(at - started) * 1000:.0f} ms{detail} (fencing token {token})"
     )
+    print(textwrap.fill(said, shutil.get_terminal_size().columns, subsequent_indent="  "))
     return EXIT_OK
