@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 from hypothesis import settings
@@ -19,10 +21,39 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+TIMED_OUT = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> object:
+    """Notes on the test that its timeout fired, before pytest-timeout raises in it."""
+    handled = yield
+    raise_timeout = signal.getsignal(signal.SIGALRM)
+    if callable(raise_timeout):
+
+        def fired(signum: int, frame: FrameType | None) -> None:
+            item.stash[TIMED_OUT] = True
+            raise_timeout(signum, frame)
+
+        signal.signal(signal.SIGALRM, fired)
+    return handled
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
-    """A failed test that ran agent processes shows what each of them said last."""
+    """A failed test that ran agent processes shows what each of them said last.
+
+    A test whose timeout fired fails, whatever caught the timeout's exception on the way
+    (Hypothesis takes it for a failing example and may replay it into a pass; code under
+    test may swallow it).
+    """
     report = yield
+    timed_out = item.stash.get(TIMED_OUT, False)
+    if timed_out:
+        del item.stash[TIMED_OUT]  # the first report since it fired is the phase it cut
+    if report.passed and timed_out:
+        report.outcome = "failed"
+        report.longrepr = f"its timeout fired during {call.when}, and the exception was caught"
     if call.when == "call" and report.failed:
         for process in list(LIVE):
             report.sections.append(("agent process output", process.tail()))

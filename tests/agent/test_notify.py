@@ -58,6 +58,7 @@ class NotifyListener:
         self._socket.bind(self.address)
         self._socket.settimeout(0.05)  # lets the thread notice close()
         self.received: list[Notification] = []
+        self._marks = 0
         self._changed = threading.Condition()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._receive, daemon=True)
@@ -77,8 +78,19 @@ class NotifyListener:
                 self._changed.notify_all()
 
     def snapshot(self) -> list[Notification]:
+        """What the thread has received so far (see settled)."""
         with self._changed:
             return list(self.received)
+
+    def settled(self) -> list[Notification]:
+        """Everything sent to the socket before this call, once the thread has received it:
+        a datagram socket keeps its order, so a mark sent now arrives after all of it."""
+        self._marks += 1
+        mark = str(self._marks)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            sender.sendto(f"TEST_MARK={mark}".encode(), self.address)
+        self.wait_for(lambda n: n.fields.get("TEST_MARK") == mark)
+        return [n for n in self.snapshot() if "TEST_MARK" not in n.fields]
 
     def wait_for(
         self, predicate: Callable[[Notification], bool], timeout: float = 10.0
@@ -139,7 +151,7 @@ def test_ready_only_after_connected_and_role_decided(
     # (wrongly) say it is ready.
     agent.wait_for_new(NOT_CONNECTING)
     agent.wait_for_new(NOT_CONNECTING)
-    before = notify.snapshot()
+    before = notify.settled()
     assert [n.fields for n in before] == [{"STATUS": "connecting to the broker"}]
 
     rig.broker_up()
@@ -153,7 +165,7 @@ def test_ready_only_after_connected_and_role_decided(
     assert other.wait_for(is_ready).fields["STATUS"] == f"standby for {DEVICE}"
     standby.wait_for_new(re.compile("started as standby"))
     # Without WATCHDOG_USEC there is no watchdog to feed.
-    assert not any(is_ping(n) for n in other.snapshot())
+    assert not any(is_ping(n) for n in other.settled())
 
 
 def test_watchdog_pings_at_half_the_configured_timeout(
@@ -200,7 +212,7 @@ async def test_stalled_event_loop_stops_the_watchdog_pings(
             notify.wait_for, lambda n: is_ping(n) and n.at >= resumed_at, 2.0
         )
         # A ping already on its way when the stall began may land a moment later.
-        during = [n.at - stalled_at for n in notify.snapshot() if is_ping(n)]
+        during = [n.at - stalled_at for n in notify.settled() if is_ping(n)]
         assert [t for t in during if 0.05 < t < resumed_at - stalled_at] == []
         assert after.at - resumed_at < 0.5
         # And they keep coming at the configured rate.
@@ -224,4 +236,4 @@ def test_sigterm_sends_stopping(rig: Rig, listen: Callable[[str], NotifyListener
     assert agent.proc.wait(10) == 0
     agent.wait_for_new(re.compile("released the lock"))
     # Nothing claims readiness again on the way out.
-    assert not any(is_ready(n) for n in notify.snapshot() if n.at > stopping.at)
+    assert not any(is_ready(n) for n in notify.settled() if n.at > stopping.at)

@@ -16,6 +16,7 @@ import pytest
 from tests.emulator.certs import Authority
 from tests.emulator.conftest import RawClient
 from tests.support.paho_client import PahoStoreClient
+from tests.support.ports import free_port
 from tests.support.processes import AgentProcess
 
 READY = re.compile(r"ready at (mqtts?)://([^:\s]+):(\d+)")
@@ -60,6 +61,7 @@ def test_help_documents_the_security_flags_and_file_formats() -> None:
         ({"cert.pem": "x"}, ["--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
         ({"a.pem": "x", "b.pem": "y"}, ["--tls-cert", "a.pem", "--tls-key", "b.pem"], "a.pem"),
         ({}, ["--max-packet-size", "10"], "--max-packet-size"),
+        ({}, ["--max-registrations", "0"], "--max-registrations must be at least 1"),
         ({}, ["--external", "mqtt://127.0.0.1:1", "--authz", "r.json"], "--authz"),
     ],
 )
@@ -259,12 +261,6 @@ def _listening() -> socket.socket:
     return sock
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _one_line_error(result: subprocess.CompletedProcess[str], *parts: str) -> None:
     assert result.returncode not in (0, None), result
     lines = result.stderr.strip().splitlines()
@@ -288,7 +284,7 @@ def test_a_port_in_use_is_said_in_one_line() -> None:
 
 def test_an_external_broker_that_cannot_be_reached_is_said_in_one_line() -> None:
     """Was: 30 s of retries, then a SessionTimeout traceback."""
-    port = _free_port()
+    port = free_port()
     result = subprocess.run(
         [sys.executable, "-m", "agent", "emulator", "--external", f"mqtt://127.0.0.1:{port}"],
         capture_output=True,

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from agent.emulator import mqtt_packets as mp
 from agent.emulator.mqtt_packets import PacketType, ReasonCode
+from tests.support.examples import examples
 
 
 def decode_all(data: bytes, max_packet_size: int = mp.MAX_PACKET_SIZE) -> list[mp.Packet]:
@@ -378,7 +379,8 @@ packets: st.SearchStrategy[mp.Packet] = st.one_of(
 
 
 @given(st.lists(packets, min_size=1, max_size=4), st.data())
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.thorough
+@settings(max_examples=examples(200, 80), suppress_health_check=[HealthCheck.too_slow])
 def test_encode_then_decode_round_trips(items: list[mp.Packet], data: st.DataObject) -> None:
     stream = b"".join(mp.encode(packet) for packet in items)
     # Split the stream at arbitrary points, as TCP may.
@@ -417,7 +419,8 @@ def test_arbitrary_bytes_only_raise_malformed_packet(data: bytes, max_packet_siz
 
 
 @given(packets, st.data())
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.thorough
+@settings(max_examples=examples(300, 100), suppress_health_check=[HealthCheck.too_slow])
 def test_corrupted_packets_only_raise_malformed_packet(
     packet: mp.Packet, data: st.DataObject
 ) -> None:

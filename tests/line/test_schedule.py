@@ -21,6 +21,7 @@ from agent.line.schedule import (
     Refused,
     Verdict,
 )
+from tests.support.examples import examples
 
 DEVICES = ["t1", "t2", "t3"]
 
@@ -245,7 +246,8 @@ urgent_work = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@pytest.mark.thorough
+@settings(max_examples=examples(200, 50), deadline=None)
 @given(behaviours, urgent_work, st.floats(0.1, 3.0), st.floats(0.0, 2.0))
 def test_the_line_keeps_its_promises(
     kinds: list[str], work: list[tuple[float, int, Kind]], poll_s: float, write_gap_s: float
@@ -312,16 +314,16 @@ def test_the_line_keeps_its_promises(
                     if op.kind is not Kind.POLL and earlier <= start < later
                 )
                 assert later - earlier - other <= bound + 1e-9, (name, earlier, later)
-    # Urgent work never waits behind a routine poll: once submitted it goes next (writes
+    # Urgent work waits behind no routine poll but the one on the line when it came, and
+    # one a turn for every URGENT_BEFORE_ROUTINE urgent transactions ahead of it (writes
     # only wait for their own device's interval).
     for start, _, op, _ in line.log:
         if op.number in submitted and op.kind is Kind.READ:
             queued_at = submitted[op.number]
-            polls_between = [
-                e for e in line.log if queued_at <= e[0] < start and e[2].kind is Kind.POLL
-            ]
-            # At most the one transaction already on the line when it came.
-            assert len(polls_between) <= 1
+            between = [e for e in line.log if queued_at <= e[0] < start]
+            polls = [e for e in between if e[2].kind is Kind.POLL]
+            urgent = [e for e in between if e[2].number in submitted]
+            assert len(polls) <= 1 + len(urgent) // URGENT_BEFORE_ROUTINE
 
 
 def test_timing_of_a_line() -> None:
@@ -340,3 +342,23 @@ def test_timing_of_a_line() -> None:
     assert cycle_s(line, 32, 16, 48) == pytest.approx(32 * line.transaction_s(16, 48))
     assert line.reply_timeout_s(80) == pytest.approx(2 * 80 * 10 / 9600)
     assert LineTiming(115200, 10, 0.0).reply_timeout_s(10) == 0.05
+
+
+def test_queued_reads_let_a_due_poll_take_its_turn() -> None:
+    """Nine reads of one device queued at once: a poll takes a turn after every
+    URGENT_BEFORE_ROUTINE of them, and no more polls than that come between."""
+    line = Line({"d0": "ok"})
+    s = BusSchedule(["d0"], poll_interval_s=0.25)
+    reads = [Op("d0", Kind.READ) for _ in range(9)]
+    for op in reads:
+        s.submit(op)
+    while line.now < 1.0:
+        nxt = s.next(line.now)
+        if isinstance(nxt, float):
+            line.now = max(line.now, min(nxt, 1.0))
+            continue
+        s.finished(nxt, line.run(nxt), line.now)
+    kinds = [op.kind for _, _, op, _ in line.log]
+    last_read = max(i for i, kind in enumerate(kinds) if kind is Kind.READ)
+    assert kinds[: last_read + 1].count(Kind.READ) == 9
+    assert 1 <= kinds[:last_read].count(Kind.POLL) <= 1 + 9 // URGENT_BEFORE_ROUTINE

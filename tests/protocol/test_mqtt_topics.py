@@ -19,6 +19,7 @@ from agent.protocol.mqtt_topics import (
     validate_topic_filter,
     validate_topic_name,
 )
+from tests.support.examples import examples
 
 
 @pytest.mark.parametrize(
@@ -172,7 +173,8 @@ filter_levels = st.sampled_from(["a", "b", "", "$s", "+"])
     st.booleans(),
     st.lists(topic_levels, min_size=1, max_size=5),
 )
-@settings(max_examples=500)
+@pytest.mark.thorough
+@settings(max_examples=examples(500, 150))
 def test_topic_matches_agrees_with_a_reference(
     levels: list[str], multi_level: bool, topic_parts: list[str]
 ) -> None:

@@ -117,8 +117,17 @@ class AgentProcess:
         self.proc.send_signal(sig)
 
     def stop(self, timeout: float = 10.0) -> int:
+        self.terminate()
+        return self.reap(timeout)
+
+    def terminate(self) -> None:
+        """Asks it to stop (SIGTERM), without waiting: see reap, and stop_all."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+    def reap(self, timeout: float = 10.0) -> int:
+        """Waits for it to stop (killed after `timeout`), and closes its pipes."""
+        if self.proc.poll() is None:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -128,3 +137,12 @@ class AgentProcess:
             if stream is not None:
                 stream.close()
         return self.proc.returncode
+
+
+def stop_all(processes: Sequence[AgentProcess], timeout: float = 10.0) -> None:
+    """Stops them all at once: each winds down (releases its lock, closes its line) while the
+    others do."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.reap(timeout)

@@ -22,7 +22,7 @@ from agent.simulator.line import FakeLine
 from tests.soak.checker import Checker, LineEvent, StoreEvent
 from tests.support.paho_client import PahoStoreClient
 from tests.support.ports import free_port
-from tests.support.processes import AgentProcess
+from tests.support.processes import AgentProcess, stop_all
 from tests.support.store_watch import watch_writes
 
 T = TypeVar("T")
@@ -317,8 +317,7 @@ class Rig:
         self.background.call(lambda: self.device.fault(kind, amount))
 
     def close(self) -> None:
-        for process in self.agents:
-            process.stop()
+        stop_all(self.agents)
         for proxy in self.proxies.values():
             self.background.run(proxy.stop())
         if self._client is not None:

@@ -15,6 +15,7 @@ from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Synced
 from agent.sync.history import StoreHistory
 from agent.sync.record import PointRecord
+from tests.support.examples import examples
 from tests.sync.support import point_sync
 
 
@@ -75,7 +76,8 @@ def test_changes_dropped_to_keep_the_bound_leave_it_unknown() -> None:
     assert history.reached_store(16.5, v(6), v(8), v(1)) is False
 
 
-@settings(max_examples=1000, deadline=None)
+@pytest.mark.thorough
+@settings(max_examples=examples(1000, 200), deadline=None)
 @given(
     writes=st.lists(st.sampled_from([16.5, 20.0, 23.0]), max_size=12),
     accepted=st.booleans(),

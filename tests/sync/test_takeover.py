@@ -34,6 +34,7 @@ from agent.sync.record import (
     parse_full_record,
     parse_record,
 )
+from tests.support.examples import examples
 
 LIMITS = Limits(5.0, 35.0, 0.5)
 
@@ -244,7 +245,8 @@ def outcome(decision: Decision, controller: float) -> float:
     return controller
 
 
-@settings(max_examples=1000, deadline=None)
+@pytest.mark.thorough
+@settings(max_examples=examples(1000, 150), deadline=None)
 @given(st.lists(step, max_size=12), st.lists(step.filter(lambda s: s[0] != "active"), max_size=4))
 def test_no_change_is_lost_across_a_failover(
     before: list[tuple[str, float]], during: list[tuple[str, float]]
@@ -282,7 +284,8 @@ def test_no_change_is_lost_across_a_failover(
     assert final == expected, (decision, world)
 
 
-@settings(max_examples=2000, deadline=None)
+@pytest.mark.thorough
+@settings(max_examples=examples(2000, 200), deadline=None)
 @given(
     st.lists(step, max_size=12),
     st.lists(step.filter(lambda s: s[0] != "active"), max_size=4),
