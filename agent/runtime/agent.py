@@ -136,7 +136,7 @@ class Agent:
         # Before the broker: a port it cannot listen on is said at start, not after a wait.
         if not await self._start_endpoint():
             return EXIT_CONFIG
-        self.notifier.status("connecting to the broker")
+        self.notifier.status(f"connecting to the broker {s.mqtt.host}:{s.mqtt.port}")
         try:
             # Its errors name the settings to check as the agent's are set: variables.
             self.session = Session(

@@ -269,6 +269,7 @@ class Health:
         process: str = "",
     ) -> None:
         self.settings = settings.health
+        self.broker = f"{settings.mqtt.host}:{settings.mqtt.port}"
         self.process = process
         self.started = time.time()
         self.duplicates: dict[str, str] = {}
@@ -286,6 +287,7 @@ class Health:
         self._last_device: dict[str, tuple[dict[str, Any], float]] = {}
         self._last_availability: dict[str, bytes] = {}
         self._last_words: str | None = None
+        self._failing_since: tuple[str, float] | None = None
         self._stopped = False
 
     # ------------------------------------------------------------------ inputs
@@ -363,11 +365,10 @@ class Health:
         role = view.role
         return role.value if role in (Role.ACTIVE, Role.STANDBY, Role.STOPPING) else "starting"
 
-    @staticmethod
-    def failing(view: InstanceView) -> str | None:
+    def failing(self, view: InstanceView) -> str | None:
         """Why this instance cannot do its part now, or None."""
         if not view.connected:
-            return "not connected to the broker"
+            return f"not connected to the broker {self.broker}"
         if not view.healthy:
             return "a job of the agent stopped"
         if view.role is Role.ACTIVE and view.line_up is False:
@@ -404,13 +405,24 @@ class Health:
         role = self.role(view)
         if role == "starting":
             return "starting"
-        return status_words(
+        words = status_words(
             role,
             self.line.id,
             single=self.line.single,
             devices=self.devices(view),
             paused=view.paused,
         )
+        return words + self._failing_words(self.failing(view))
+
+    def _failing_words(self, why: str | None) -> str:
+        """What is wrong and since when, for the unit's status line (systemctl status)."""
+        if why is None:
+            self._failing_since = None
+            return ""
+        if self._failing_since is None or self._failing_since[0] != why:
+            self._failing_since = (why, time.time())
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(self._failing_since[1]))
+        return f"; failing since {since}: {why}"
 
     def instance_document(
         self, status: str = "up", view: InstanceView | None = None
