@@ -22,6 +22,7 @@ from agent.client.errors import (
     service_error,
 )
 from agent.client.session import Message, Session, SessionError
+from agent.client.shown import show_key
 from agent.protocol import topics
 from agent.protocol.hlc import Hlc, HlcError, HybridLogicalClock
 from agent.protocol.resp3 import (
@@ -367,7 +368,8 @@ class StateStoreClient:
             return
         seen = self._seen.get(change.key)
         if seen is not None and not _newer(change.version, seen.version):
-            log.debug("dropped an old notification for %r (%s)", change.key, change.version)
+            shown = show_key(change.key)
+            log.debug("dropped an old notification for %s (%s)", shown, change.version)
             return
         self._seen[change.key] = _Seen(change.value, change.version)
         self._enqueue(change)
@@ -380,7 +382,7 @@ class StateStoreClient:
             # Superseded before delivery: the newest takes the older ones' turn. But a live
             # DELETE stays ahead of a SET after it: that the key was gone (a lease that
             # ended, before our own SET took the lock) is news of its own. At most two.
-            log.debug("change of %r superseded before delivery", change.key)
+            log.debug("change of %s superseded before delivery", show_key(change.key))
             earlier = [
                 e for c in queued if c.kind == "SET" for e in (*c.earlier, (c.value, c.version))
             ]
@@ -464,7 +466,7 @@ class StateStoreClient:
             registered = await self._keynotify(key, stop=False, timeout=None)
             value, version = await self.get(key)
         except (StateStoreError, SessionError) as exc:
-            log.warning("could not re-register %r after reconnect: %s", key, exc)
+            log.warning("could not re-register %s after reconnect: %s", show_key(key), exc)
             return False
         except Exception:
             # A bug must not end the catch-up silently: the key would never be

@@ -13,7 +13,10 @@ close matches (--force to try it anyway). Connection settings as for `agent stor
 codes: 0 done, 1 no agent serves the device (or nobody is active), 2 usage (a device name
 the agent would not take included), 3 service error, 4 connection failure or timeout,
 5 refused: the unit cannot take the value (its limits, its choices, the deadband between
-heating and cooling), said with why, 7 a device no agent has reported.
+heating and cooling), said with why, 7 a device no agent has reported. With --wait, a value
+not applied is said with why, and stays in the store to be applied when that ends: 6 the
+line is paused (by whom, when, why), 8 the unit does not answer or the active is down, 1
+nobody is active; 4 when none of these is seen and the time is up.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from typing import Any
 
 from agent.client.cli import (
@@ -30,17 +34,27 @@ from agent.client.cli import (
     UsageError,
     connection_options,
     run_one_shot,
-    show_value,
 )
+from agent.client.shown import show_value
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.controller import points
 from agent.controller.interface import PointValue
 from agent.controller.points import WRITABLE, InvalidValue
-from agent.ops import target
-from agent.ops.keys import DeviceKeys, KeyTemplates, NoActive, NoLine, fenced_set, find
+from agent.ops import target, view
+from agent.ops.keys import (
+    DeviceKeys,
+    KeyTemplates,
+    NoActive,
+    NoLine,
+    fenced_set,
+    find,
+    key_templates,
+)
 from agent.ops.names import EXIT_UNKNOWN, UnknownName
+from agent.ops.pending import EXIT_PAUSED, Pending, why_pending
 from agent.ops.retained import Retained
 from agent.ops.target import usable_name
+from agent.ops.watch import LineWatch
 from agent.protocol.hlc import Hlc
 from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
 
@@ -63,7 +77,9 @@ def register(subparsers: Any) -> None:
         "--point",
         default="setPoint",
         choices=WRITABLE,
-        help="which point (default setPoint; the others need a unit with a profile)",
+        metavar="POINT",
+        help=f"which point: {', '.join(WRITABLE)} (default setPoint; the others need a unit "
+        "with a profile)",
     )
     point.add_argument("--force", action="store_true", help="try a device no agent has reported")
     commands = parser.add_subparsers(dest="setpoint_command", metavar="COMMAND", required=True)
@@ -87,8 +103,9 @@ def register(subparsers: Any) -> None:
         type=float,
         default=0.0,
         metavar="SECONDS",
-        help="wait until the active agent has applied it (exit 4 if not within SECONDS, "
-        "5 if the unit refused it)",
+        help="wait until the active agent has applied it (5 if the unit refused it; not "
+        "applied, said why: 6 the line is paused, 8 the unit or the active is down, 1 nobody "
+        "is active, 4 none of these within SECONDS)",
     )
     set_.set_defaults(setpoint_func=_set)
     parser.set_defaults(func=run)
@@ -100,13 +117,15 @@ def run(args: argparse.Namespace) -> int:
         if args.setpoint_command == "set":
             args.values = _values(args.value, args.point)
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
 
     async def work(client: StateStoreClient) -> int:
+        # One for the command: a second would not get the retained messages this one has.
+        retained = Retained(client.session)
         try:
             await target.find(
                 client,
-                Retained(client.session),
+                retained,
                 templates,
                 args.device,
                 force=args.force,
@@ -115,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         except UnknownName as exc:
             print(f"{NAME}: {exc}; --force to try it anyway", file=sys.stderr)
             return EXIT_UNKNOWN
-        code: int = await args.setpoint_func(client, args, templates.keys)
+        code: int = await args.setpoint_func(client, args, templates, retained)
         return code
 
     return run_one_shot(args, NAME, work, check)
@@ -129,7 +148,10 @@ def _key(found: DeviceKeys, point: str, keys: Any) -> str:
     )
 
 
-async def _get(client: StateStoreClient, args: argparse.Namespace, keys: Any) -> int:
+async def _get(
+    client: StateStoreClient, args: argparse.Namespace, templates: KeyTemplates, _: Retained
+) -> int:
+    keys = templates.keys
     try:
         found = await find(client, args.device, keys)
     except NoLine as exc:
@@ -173,18 +195,40 @@ def _values(given: list[str], default_point: str) -> list[tuple[points.Point, Po
     return list(values.values())
 
 
-async def _set(client: StateStoreClient, args: argparse.Namespace, keys: Any) -> int:
+async def _pending(
+    client: StateStoreClient, retained: Retained, templates: KeyTemplates, found: DeviceKeys
+) -> Pending | None:
+    """What the line's status says keeps the device's value from being applied."""
+    watch = LineWatch(client, retained, templates.keys, templates.health, found.line)
+    await watch.start()
+    return why_pending(view.assess(await watch.read(), time.time()), found.device)
+
+
+def _not_applied(pending: Pending) -> int:
+    print(f"{NAME}: not applied yet: {pending.why}", file=sys.stderr)
+    return pending.code
+
+
+async def _set(
+    client: StateStoreClient,
+    args: argparse.Namespace,
+    templates: KeyTemplates,
+    retained: Retained,
+) -> int:
+    keys = templates.keys
     try:
         found = await find(client, args.device, keys)
     except NoLine as exc:
         print(f"{NAME}: {exc}", file=sys.stderr)
         return EXIT_NOT_APPLIED
     known = await _record(client, found)
+    held: dict[str, PointValue] = {}
     for point, value in args.values:
         limits = None if known is None else known.limits.get(point.name)
+        held[point.name] = value
         if limits is not None or point.kind is not points.Kind.NUMBER:
             try:
-                points.validate(point, value, limits)
+                held[point.name] = points.validate(point, value, limits)
             except InvalidValue as exc:
                 # The active published the unit's limits: no need to try what it would
                 # refuse.
@@ -229,15 +273,23 @@ async def _set(client: StateStoreClient, args: argparse.Namespace, keys: Any) ->
         print(result.version if len(args.values) == 1 else f"{point.name} {result.version}")
         assert result.version is not None
         wanted[point.name] = result.version
+        _say_what_the_unit_holds(found, point, value, held[point.name], known)
     if args.wait <= 0:
         return EXIT_OK
     raw, _ = await client.get(found.synced)
     if raw is not None:
         on_record(KeyChange(found.synced.encode(), "SET", raw, None))
+    if not all(outcome.done() for outcome in outcomes.values()):
+        pending = await _pending(client, retained, templates, found)
+        if pending is not None and pending.code == EXIT_PAUSED:
+            return _not_applied(pending)  # a pause lasts: no use waiting it out
     try:
         async with asyncio.timeout(args.wait):
             reasons = await asyncio.gather(*outcomes.values())
     except TimeoutError:
+        pending = await _pending(client, retained, templates, found)
+        if pending is not None:
+            return _not_applied(pending)
         late = [name for name, outcome in outcomes.items() if not outcome.done()]
         print(f"{NAME}: {', '.join(late)} not applied within {args.wait:g} s", file=sys.stderr)
         return EXIT_CONNECTION
@@ -246,3 +298,22 @@ async def _set(client: StateStoreClient, args: argparse.Namespace, keys: Any) ->
             shown = "" if len(outcomes) == 1 else f"{name}: "
             print(f"{NAME}: refused: {shown}{reason}", file=sys.stderr)
     return EXIT_REFUSED if any(reason is not None for reason in reasons) else EXIT_OK
+
+
+def _say_what_the_unit_holds(
+    found: DeviceKeys,
+    point: points.Point,
+    value: PointValue,
+    held: PointValue,
+    known: SyncRecord | None,
+) -> None:
+    """A value off the unit's step: the active rounds it (and logs it); the writer should
+    not learn it from the log."""
+    limits = None if known is None else known.limits.get(point.name)
+    if limits is None or point.kind is not points.Kind.NUMBER or points.same(held, value):
+        return
+    print(
+        f"{NAME}: {found.device} will hold {held:g}, not {value:g}: the unit's "
+        f"{point.name} goes in steps of {limits.step:g} from {limits.min:g}",
+        file=sys.stderr,
+    )

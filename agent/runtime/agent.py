@@ -40,6 +40,7 @@ from agent.runtime.line import make_driver, warn_about
 from agent.runtime.line_history import LineHistory
 from agent.runtime.notify import Notifier
 from agent.runtime.readiness import Readiness
+from agent.runtime.reloading import ReloadVerdicts, runtime_directory
 from agent.runtime.reports import LineRate, device_snapshot, device_view, line_snapshot
 from agent.sync.device import DeviceSync
 
@@ -86,6 +87,7 @@ class Agent:
         self._endpoint: HealthEndpoint | None = None
         self.config_hash = config_hash(settings)
         self._reloading = asyncio.Lock()
+        self.reloads = ReloadVerdicts(runtime_directory())
         self.readiness = Readiness(settings.serial.url, self.line.id, settings.instance_id)
         self.history = LineHistory(
             settings, self.process, lambda: self.client, lambda: self.control, self._spawn
@@ -103,11 +105,6 @@ class Agent:
         must not take each other's sessions over. A configured one is used as it is."""
         s = self.settings
         return s.client_id if s.mqtt.client_id else f"{s.client_id}-{self.process}"
-
-    @property
-    def active_event(self) -> asyncio.Event:
-        assert self.leadership is not None
-        return self.leadership.active_event
 
     def _log_fields(self) -> dict[str, str | None]:
         token = self.leadership.token if self.leadership is not None else None
@@ -139,7 +136,7 @@ class Agent:
         # Before the broker: a port it cannot listen on is said at start, not after a wait.
         if not await self._start_endpoint():
             return EXIT_CONFIG
-        self.notifier.status("connecting to the broker")
+        self.notifier.status(f"connecting to the broker {s.mqtt.host}:{s.mqtt.port}")
         try:
             # Its errors name the settings to check as the agent's are set: variables.
             self.session = Session(
@@ -223,7 +220,7 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(READY_WAIT_S):
                         await asyncio.gather(*(d.wait_reconciled() for d in self.devices.values()))
-            self.notifier.ready(self._status_words())
+            self.notifier.ready(self.health.words())
             log.info("started as %s", self.role.value)
             self._add_periodic_jobs()
             if self.notifier.watchdog_interval_s:
@@ -596,6 +593,7 @@ class Agent:
             taking_over_s=None if leadership is None else leadership.taking_over_s(),
             not_ready=self.readiness.not_ready,
             config_hash=self.config_hash,
+            reload_refused=self.reloads.refused,
         )
 
     def healthy(self) -> bool:
@@ -613,9 +611,6 @@ class Agent:
             if self.healthy():
                 self.notifier.watchdog()
             await asyncio.sleep(interval)
-
-    def _status_words(self) -> str:
-        return self.health.words()
 
     async def _start_endpoint(self) -> bool:
         """Listens when a port is set; False (said) when it cannot."""
@@ -649,40 +644,44 @@ class Agent:
 
     async def _reload(self, load: Callable[[], AgentSettings | str]) -> None:
         async with self._reloading:
-            found = await asyncio.to_thread(load)  # files read off the event loop
-            why = (
-                found if isinstance(found, str) else reload.why_not_reloadable(self.settings, found)
+            refused = await self._reload_files(load)
+            await asyncio.to_thread(self.reloads.record, refused)  # for `agent reload`
+            self.health.poke()  # a refusal shows in health until a reload loads
+
+    async def _reload_files(self, load: Callable[[], AgentSettings | str]) -> str | None:
+        """Why the files were refused, or None once they are running."""
+        found = await asyncio.to_thread(load)  # files read off the event loop
+        why = found if isinstance(found, str) else reload.why_not_reloadable(self.settings, found)
+        if why is not None or isinstance(found, str):
+            log.error("reload refused: %s; running configuration %s", why, self.config_hash)
+            return why
+        later = reload.restart_only(self.settings, found)
+        if later:
+            log.warning("reload: %s changed: applies at a restart", ", ".join(later))
+        changes = reload.device_changes(self.line, found.line)
+        if not changes or self.client is None or self.active_line is None:
+            log.info("reload: no device changed (configuration %s)", self.config_hash)
+            return None
+        settings, before = reload.running(self.settings, found), self.config_hash
+        client, lock = self.client, self.leadership.lock if self.leadership else None
+        assert lock is not None
+        async with self.active_line.lock:  # not while the line opens, closes, pauses
+            self.settings = self.active_line.settings = settings
+            self.line = self.health.line = settings.line
+            self.config_hash = config_hash(settings)
+            await reload.apply(
+                changes,
+                settings,
+                self.devices,
+                make=lambda device: make_sync(settings, device, client, lock, self.may_write),
+                watch=self._watch_device,
+                client=client,
+                bus=self.bus,
             )
-            if why is not None or isinstance(found, str):
-                log.error("reload refused: %s; running configuration %s", why, self.config_hash)
-                return
-            later = reload.restart_only(self.settings, found)
-            if later:
-                log.warning("reload: %s changed: applies at a restart", ", ".join(later))
-            changes = reload.device_changes(self.line, found.line)
-            if not changes or self.client is None or self.active_line is None:
-                log.info("reload: no device changed (configuration %s)", self.config_hash)
-                return
-            settings, before = reload.running(self.settings, found), self.config_hash
-            client, lock = self.client, self.leadership.lock if self.leadership else None
-            assert lock is not None
-            async with self.active_line.lock:  # not while the line opens, closes, pauses
-                self.settings = self.active_line.settings = settings
-                self.line = self.health.line = settings.line
-                self.config_hash = config_hash(settings)
-                await reload.apply(
-                    changes,
-                    settings,
-                    self.devices,
-                    make=lambda device: make_sync(settings, device, client, lock, self.may_write),
-                    watch=self._watch_device,
-                    client=client,
-                    bus=self.bus,
-                )
-            log.info(
-                "reloaded: %s (configuration %s, was %s)", changes.words(), self.config_hash, before
-            )
-            self.health.poke()
+        log.info(
+            "reloaded: %s (configuration %s, was %s)", changes.words(), self.config_hash, before
+        )
+        return None
 
     def _spawn(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(work)

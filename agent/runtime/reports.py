@@ -118,7 +118,13 @@ def device_view(sync: DeviceSync, snapshot: telemetry.Snapshot) -> DeviceView:
         synced.version,
         None
         if refused is None
-        else {"point": refused.point, "value": refused.value, "reason": refused.reason},
+        else {
+            "point": refused.point,
+            "value": refused.value,
+            "reason": refused.reason,
+            # When it was written: its age, in status.
+            "version": None if refused.version is None else str(refused.version),
+        },
         sync.served_by,
         sync.reconciling,
     )

@@ -521,11 +521,10 @@ class PointSync:
             decision.reason,
             decision.restore,
         )
-        self.record.refused = Refusal(self.name, shown, decision.version, decision.reason)
-        if decision.restore is not None:
+        if decision.restore is not None:  # before the refusal: its sync is not one since
             await self._publish(decision.restore, f"{shown} refused: {decision.reason}")
-        else:
-            await self.write_record()
+        self.record.refused = Refusal(self.name, shown, decision.version, decision.reason)
+        await self.write_record()
 
     async def _apply(
         self, decision: ApplyToController, controller_value: PointValue, read_after: float
@@ -658,6 +657,7 @@ class PointSync:
         await self._save_locally()
         if version is not None:
             self._unanswered = self.past.published = None  # synced at a store version: settled
+            self.record.synced_since(self.name, version)
             await self.write_record()
 
     def enter_in_record(

@@ -28,6 +28,7 @@ from agent.ops.history import (
     encode,
     parse,
 )
+from agent.ops.history_cli import show
 from agent.protocol.hlc import Hlc
 from agent.runtime.line_history import LineHistory, takeover
 from tests.ops.support import Topics, command, report, wait_pair
@@ -41,6 +42,22 @@ def entry(n: int, why: str = "because") -> Entry:
 
 
 # --------------------------------------------------------------------------- the codec
+
+
+def test_the_table_states_its_zone_and_wraps_the_why_under_its_column() -> None:
+    why = (
+        "requested by alice@gw1 at 2027-01-15T08:00:01.250Z: the panel of floor3-t07 "
+        "is replaced, and the technician needs the bus for about twenty minutes"
+    )
+    shown = show(LINE, [entry(2, why)], width=80).splitlines()
+    assert shown[1].startswith("Time (UTC)")
+    assert shown[2].startswith("2027-01-15 08:00:02  takeover  gw2")
+    assert "2027-01-15 08:00:01:" in "\n".join(shown)  # the why's time as the table's, whole
+    assert max(len(line) for line in shown) <= 80 and len(shown) > 3
+    column = shown[1].index("Why")
+    assert all(line[:column].isspace() for line in shown[3:])
+    words = " ".join(line[column:] for line in shown[2:]).split()
+    assert words == why.replace("T08:00:01.250Z", " 08:00:01").split()  # no word broken
 
 
 def test_entries_round_trip_oldest_first() -> None:
@@ -155,8 +172,10 @@ def test_history_tells_takeovers_switchovers_and_pauses_with_why(
     table = command(line, "history", LINE, "--last", "2")
     assert table.returncode == 0, table.stderr
     rows = table.stdout.splitlines()
-    assert rows[0] == f"Line {LINE}:" and rows[1].split() == ["Time", "Event", "From", "To", "Why"]
-    assert len(rows) == 4 and " resume " in rows[2] and " takeover " in rows[3]
+    headers = ["Time", "(UTC)", "Event", "From", "To", "Why"]
+    assert rows[0] == f"Line {LINE}:" and rows[1].split() == headers
+    entries_shown = [r for r in rows[2:] if not r.startswith(" ")]  # a long why wraps
+    assert len(entries_shown) == 2 and " resume " in rows[2] and " takeover " in rows[3]
 
 
 def test_history_of_nothing_and_of_garbage(line: LineRig) -> None:
