@@ -95,6 +95,8 @@ class Leadership:
         # Run before contending again after a lease the store no longer had: looks for a
         # proof that the store kept its contents (see store_kept_its_contents).
         self.look_before_contending: Callable[[], Awaitable[None]] | None = None
+        # Awaited by a takeover before anything else (the devices' keys watched at start).
+        self.ready_to_take_over: Callable[[], Awaitable[Any]] = _nothing_to_wait_for
         # Shown every change of the lock first (the line's history names former holders).
         self.on_lock_seen: Callable[[KeyChange], None] = lambda change: None
         self.taking_over_until: float | None = None
@@ -200,6 +202,7 @@ class Leadership:
         # Reconnect fast while the lease is held: a slow reconnect would cost the lease.
         self.session.set_reconnect_ceiling(max(0.05, self.ttl_ms / 12_000))
         async with self._role_change:
+            await self.ready_to_take_over()
             wait = self.lock_delay.wait_s(time.monotonic())
             if wait > 0:
                 log.info("holding the lock; waiting %.1f s for the previous lease to end", wait)
@@ -438,15 +441,24 @@ class Leadership:
             holder.decode(errors="replace"),
         )
 
-    def store_kept_its_contents(self) -> None:
+    def store_kept_its_contents(self, *, lock_absent_at: float | None = None) -> None:
         """The lock was absent, and a sync record read after it was there.
 
         Every active writes its records only under the lock delay, so a record that
         survived proves the store did not forget its contents since the last lease could
         have been granted: the lock's absence then means that lease expired or was
         released. No need to wait a TTL (at start, after a link outage) in that case.
+
+        `lock_absent_at`: when the read that found the lock absent was sent, for a record
+        read a while after it (at start the devices' keys follow the lock's): the proof
+        holds only if nothing since counted as another holder (a live SET of the lock by
+        another, a link outage), for the lock is watched from that read on.
         """
-        self.lock_delay.seen_released(time.monotonic())
+        now = time.monotonic()
+        if lock_absent_at is not None and self.lock_delay.seen_held_since(lock_absent_at):
+            return
+        self.lock_delay.seen_released(now)
+        self._released.set()  # a takeover waiting out the delay looks again
 
     def lost_sight(self) -> None:
         """Back from a link outage: what happened at the store meanwhile is unknown."""
@@ -458,3 +470,7 @@ class Leadership:
         lease (until then nothing is written)."""
         await self.renew()
         return self.lock.confirmed and self.may_drive()
+
+
+async def _nothing_to_wait_for() -> None:
+    return None

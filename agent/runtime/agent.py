@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import random
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -19,6 +17,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from agent import logs
+from agent.backoff import Backoff
 from agent.client.errors import NotAuthorized, StateStoreError
 from agent.client.lock import process_nonce
 from agent.client.session import ConnectionRefused, Session, SessionError, TlsSetupFailed
@@ -32,10 +31,10 @@ from agent.pair.leadership import Leadership, Role
 from agent.runtime import jobs, reload, telemetry
 from agent.runtime.clock_guard import ClockStepDetector, StallDetector, stalled
 from agent.runtime.control import LineControl
-from agent.runtime.devices import make_sync, watch_device
+from agent.runtime.devices import make_sync, watch_device, watch_devices
 from agent.runtime.driving import ActiveLine
 from agent.runtime.health import Health, InstanceView
-from agent.runtime.health_http import HealthEndpoint, unusable_setting
+from agent.runtime.health_http import HealthEndpoint, start_endpoint
 from agent.runtime.line import make_driver, warn_about
 from agent.runtime.line_history import LineHistory
 from agent.runtime.notify import Notifier
@@ -79,6 +78,12 @@ class Agent:
         self._clock_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
         self._line_rate = LineRate()
+        self._devices_watched = asyncio.Event()
+        """Set once every device's keys are watched (or left out): a takeover waits for it."""
+        self._lock_absent_at: float | None = None
+        """When the read that found the lock absent at start was sent (monotonic)."""
+        self._ended = asyncio.Event()
+        self._exit_code: int | None = None
         self.control: LineControl | None = None  # pause and switchover (agent.runtime.control)
         self.health = Health(
             settings, self.view, lambda: self.session, self.notifier.status, self.process
@@ -196,6 +201,9 @@ class Agent:
         assert self._driver is not None
         self.leadership.must_cover(self._driver.longest_transaction_s)
         self.leadership.look_before_contending = self._look_at_the_lock
+        # What each device's sync knows of the store comes from watching its keys, and a
+        # record among them may end the lock delay: a takeover starts once they are.
+        self.leadership.ready_to_take_over = self._devices_watched.wait
         self.leadership.on_lock_seen = self.history.saw_lock
         for device in self.line.devices:
             self.devices[device.id] = make_sync(
@@ -204,10 +212,7 @@ class Agent:
         try:
             if not await self._until_stopped(self._subscribe(), stop):
                 return await self._shutdown()
-            if not self.devices:
-                log.error("no device of line %s can be served: nothing to do", self.line.id)
-                await self._shutdown()
-                return EXIT_CONFIG
+            self._spawn(self._watch_devices())
             self.leadership.standing_by()
             # Renewals run from before the first acquisition: a slow takeover (waiting for
             # the previous lease, opening the line, reconciling) must not outlast the lease.
@@ -228,10 +233,10 @@ class Agent:
             self._add_periodic_jobs()
             if self.notifier.watchdog_interval_s:
                 self._spawn(self._watchdog(self.notifier.watchdog_interval_s))
-            await stop.wait()
+            await self._until_stopped(self._ended.wait(), stop)
         finally:
             code = await self._shutdown()
-        return code
+        return self._exit_code if self._exit_code is not None else code
 
     def _claim_port(self) -> None:
         url, directory = self.settings.serial.url, self.settings.serial.lock_dir
@@ -259,26 +264,25 @@ class Agent:
         return True
 
     async def _subscribe(self) -> None:
-        """Watch the lock, and each device's set point and sync record, retrying while the
-        service does not answer."""
+        """Watch the lock and the control keys, retrying while the service does not answer;
+        the devices' keys follow (_watch_devices). Over a slow link a start is counted in
+        round trips: the subscriptions go out together, then the lock and the control keys
+        together (a KEYNOTIFY each, then a GET each), then the contention, so that this
+        instance is a standby in a few round trips whatever the size of its line."""
         assert self.client is not None and self.session is not None
-        assert self.leadership is not None
-        delay = 0.5
+        assert self.leadership is not None and self.control is not None
+        retry = self._store_retry()
         while True:
             try:
-                await self.client.start()
-                # Another process with this instance id says so here (a cloned gateway).
-                await self.session.subscribe(self.health.topic, self.health.heard)
+                # Another process with this instance id says so on the health topic.
+                await asyncio.gather(
+                    self.client.start(),
+                    self.session.subscribe(self.health.topic, self.health.heard),
+                )
+                asked_at = time.monotonic()
                 # The lock before the records: see Leadership.store_kept_its_contents.
-                holder = await self.leadership.watch()
-                assert self.control is not None
-                await self.control.watch()
-                any_record = False
-                for device_id, sync in list(self.devices.items()):
-                    record = await self._watch_device(device_id, sync)
-                    any_record = any_record or record is not None
-                if holder is None and any_record:
-                    self.leadership.store_kept_its_contents()
+                holder, _ = await asyncio.gather(self.leadership.watch(), self.control.watch())
+                self._lock_absent_at = asked_at if holder is None else None
                 break
             except NotAuthorized as exc:
                 log.error(
@@ -287,13 +291,42 @@ class Agent:
                     self.settings.lock_key,
                     exc,
                 )
-                await asyncio.sleep(random.uniform(0, delay))
-                delay = min(delay * 2, self.settings.mqtt.reconnect_max_s)
+                await retry.sleep()
             except (StateStoreError, SessionError) as exc:
                 log.warning("state store not answering yet: %s", exc)
-                await asyncio.sleep(random.uniform(0, delay))
-                delay = min(delay * 2, self.settings.mqtt.reconnect_max_s)
+                # Within a TTL, as a reconnect: a start cut by outages is no standby until
+                # it gets here, and its peer may be the only instance left.
+                await retry.sleep(ceiling=self.leadership.idle_reconnect_s)
         self.session.on_connect(self._on_reconnect)
+
+    def _store_retry(self) -> Backoff:
+        mqtt = self.settings.mqtt
+        return Backoff(min(mqtt.reconnect_min_s, mqtt.reconnect_max_s), mqtt.reconnect_max_s)
+
+    async def _watch_devices(self) -> None:
+        """Every device's keys, watched while the start goes on. A takeover waits for them;
+        a line none of whose devices can be served ends the process."""
+        assert self.leadership is not None
+        leadership, absent_at = self.leadership, self._lock_absent_at
+
+        def record_found() -> None:
+            if absent_at is not None:
+                leadership.store_kept_its_contents(lock_absent_at=absent_at)
+
+        try:
+            await watch_devices(
+                self.devices,
+                self._watch_device,
+                retry=self._store_retry(),
+                within_s=leadership.idle_reconnect_s,
+                record_found=record_found,
+            )
+        finally:
+            self._devices_watched.set()
+        if not self.devices:
+            log.error("no device of line %s can be served: nothing to do", self.line.id)
+            self._exit_code = EXIT_CONFIG
+            self._ended.set()
 
     async def _watch_device(self, device_id: str, sync: DeviceSync) -> bytes | None:
         """Watches a device's keys (agent.runtime.devices); one that cannot be served is
@@ -518,24 +551,11 @@ class Agent:
         if self.session is None or not self.session.connected:
             return
         s = self.settings
-        messages = [(s.telemetry_topic(name), self.snapshot(name)) for name in self.devices]
+        messages: list[tuple[str, telemetry.Snapshot | telemetry.LineSnapshot]] = [
+            (s.telemetry_topic(name), self.snapshot(name)) for name in self.devices
+        ]
         messages.append((s.telemetry_line_topic, self.line_snapshot()))
-        interval = s.telemetry.interval_s
-        for topic, snapshot in messages:
-            payload, properties = telemetry.build(snapshot)
-            try:
-                await self.session.publish(
-                    topic,
-                    payload,
-                    qos=1,
-                    content_type=telemetry.CONTENT_TYPE,
-                    message_expiry_interval=max(1, math.ceil(interval * 3)),
-                    user_properties=properties,
-                    timeout=max(1.0, interval),
-                )
-            except SessionError as exc:
-                log.debug("telemetry not published: %s", exc)
-                return
+        await telemetry.publish(self.session, messages, interval_s=s.telemetry.interval_s)
 
     def snapshot(self, device_id: str) -> telemetry.Snapshot:
         leadership = self.leadership
@@ -620,27 +640,10 @@ class Agent:
 
     async def _start_endpoint(self) -> bool:
         """Listens when a port is set; False (said) when it cannot."""
-        settings = self.settings.health
-        if settings.port is None:
+        if self.settings.health.port is None:
             return True
-        endpoint = HealthEndpoint(settings.host, settings.port, self.health.instance_document)
-        try:
-            host, port = await endpoint.start()
-        except OSError as exc:
-            name = unusable_setting(exc)
-            log.error(
-                "invalid setting AGENT_HEALTH__%s (health.%s): the health endpoint cannot "
-                "listen on %s:%d: %s",
-                name.upper(),
-                name,
-                settings.host,
-                settings.port,
-                exc.strerror or exc,
-            )
-            return False
-        self._endpoint = endpoint
-        log.info("health endpoint at http://%s:%d/health", host, port)
-        return True
+        self._endpoint = await start_endpoint(self.settings.health, self.health.instance_document)
+        return self._endpoint is not None
 
     # ------------------------------------------------------------------ reload
 

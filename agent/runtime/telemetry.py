@@ -5,9 +5,15 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+
+from agent.client.session import Session, SessionError
+
+log = logging.getLogger("agent")
 
 CONTENT_TYPE = "application/json"
 EVENT_TYPE = "agent.telemetry.v1"
@@ -75,3 +81,25 @@ def iso_time(epoch_s: float | None) -> str | None:
         return None
     stamp = datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds")
     return stamp.replace("+00:00", "Z")
+
+
+async def publish(
+    session: Session, messages: list[tuple[str, Snapshot | LineSnapshot]], *, interval_s: float
+) -> None:
+    """Publishes each snapshot on its topic, each valid for three intervals; stops at the
+    first that cannot be (the link is down: the next interval publishes them all again)."""
+    for topic, snapshot in messages:
+        payload, properties = build(snapshot)
+        try:
+            await session.publish(
+                topic,
+                payload,
+                qos=1,
+                content_type=CONTENT_TYPE,
+                message_expiry_interval=max(1, math.ceil(interval_s * 3)),
+                user_properties=properties,
+                timeout=max(1.0, interval_s),
+            )
+        except SessionError as exc:
+            log.debug("telemetry not published: %s", exc)
+            return
