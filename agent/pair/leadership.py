@@ -442,12 +442,24 @@ class Leadership:
         )
 
     def store_kept_its_contents(self, *, lock_absent_at: float | None = None) -> None:
-        """The lock was absent, and a sync record read after it was there.
+        """The lock was absent, or held this process's own value, and a sync record read
+        after it was there.
 
         Every active writes its records only under the lock delay, so a record that
         survived proves the store did not forget its contents since the last lease could
         have been granted: the lock's absence then means that lease expired or was
         released. No need to wait a TTL (at start, after a link outage) in that case.
+
+        The lock holding this process's own value (its renewals, still in flight when its
+        local deadline passed, kept the store's lease; it stepped down and has not driven
+        since) is the same case. The value names this process, and only it writes that
+        value, with SET NEX: the write that put it there found the lock absent or already
+        ours. If another holder held the lock in between, its lease had ended at the store
+        (expired, after its own deadline, or released, after it stopped) before that write
+        could land; what the wait is for, a store that forgot a lease still running and
+        handed the lock out again, is ruled out by the record as above. What this
+        process's own former lease sent and may still land carries an older token than its
+        new lease, and is refused once the takeover's fences are in, as any former holder's.
 
         `lock_absent_at`: when the read that found the lock absent was sent, for a record
         read a while after it (at start the devices' keys follow the lock's): the proof

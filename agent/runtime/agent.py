@@ -293,10 +293,11 @@ class Agent:
                 )
                 await retry.sleep()
             except (StateStoreError, SessionError) as exc:
-                log.warning("state store not answering yet: %s", exc)
                 # Within a TTL, as a reconnect: a start cut by outages is no standby until
                 # it gets here, and its peer may be the only instance left.
-                await retry.sleep(ceiling=self.leadership.idle_reconnect_s)
+                delay = retry.next_delay(ceiling=self.leadership.idle_reconnect_s)
+                log.warning("state store not answering yet: %s; trying again in %.2f s", exc, delay)
+                await asyncio.sleep(delay)
         self.session.on_connect(self._on_reconnect)
 
     def _store_retry(self) -> Backoff:
@@ -497,18 +498,21 @@ class Agent:
         await self.leadership.contend()
 
     async def _look_at_the_lock(self) -> None:
-        """Who holds the lock; absent, whether the store kept its contents (a sync record
-        is still there), so that a lease that merely expired is not waited out again."""
+        """Who holds the lock; absent, or still holding this process's own value (its
+        renewals in flight kept the store's lease after its local deadline), whether the
+        store kept its contents (a sync record is still there), so that a lease that merely
+        expired, or this process's own, is not waited out again (Leadership.
+        store_kept_its_contents says why that is enough)."""
         assert self.client is not None and self.leadership is not None
         try:
             asked_at = time.monotonic()
             holder = await self.leadership.lock.current_holder()
             self.leadership.saw_holder(holder, asked_at=asked_at)
-            if holder is None:
+            if holder is None or holder == self.leadership.holder:
                 for sync in self.devices.values():
                     record, _ = await self.client.get(sync.keys.record)
                     if record is not None:
-                        self.leadership.store_kept_its_contents()
+                        self.leadership.store_kept_its_contents(lock_absent_at=asked_at)
                         break
         except (StateStoreError, SessionError) as exc:
             log.debug("could not look at the lock after reconnecting: %s", exc)

@@ -161,8 +161,16 @@ async def watch_devices(
             if result is not None:
                 record_found()
         if waiting:
-            log.warning("state store not answering yet: %d device(s) not watched", len(waiting))
-            await retry.sleep(ceiling=within_s)
+            # Said once: while the link is down every try fails at once.
+            said = log.warning if retry.attempts == 0 else log.debug
+            delay = retry.next_delay(ceiling=within_s)
+            said(
+                "state store not answering yet: %d device(s) not watched yet; trying again "
+                "in %.2f s",
+                len(waiting),
+                delay,
+            )
+            await asyncio.sleep(delay)
     log.info(
         "watching %d device(s) in the store (%.0f ms)",
         len(devices),

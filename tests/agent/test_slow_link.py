@@ -4,13 +4,15 @@ stepped-down instance that writes nothing after its lease."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.rig import STANDBY, LineRig
+from tests.agent.test_pair_defects import log_time
+from tests.support.rig import ACTIVE, STANDBY, STEPPED_DOWN, LineRig
 
 pytestmark = pytest.mark.slow
 
@@ -44,3 +46,50 @@ def test_a_start_over_a_slow_link_takes_a_few_round_trips_whatever_the_line(
     round_trips = (ready - connected) / ROUND_TRIP_S
     print(f"started as standby {round_trips:.1f} round trips after connecting")
     assert round_trips <= 8, f"started as standby {round_trips:.1f} round trips after connecting"
+
+
+WATCHED = re.compile(r"watching \d+ device\(s\) in the store")
+RETRY = re.compile(r"state store not answering yet.*trying again in ([0-9.]+) s")
+
+
+def test_a_start_cut_by_a_store_outage_tries_again_within_a_ttl(line: LineRig) -> None:
+    """A start that the store's outage cut tries again within a TTL, as a reconnect does,
+    not after a backoff doubled towards AGENT_MQTT__RECONNECT_MAX_S (30 s): its peer may
+    be the only instance left."""
+    ttl = {"AGENT_LOCK__TTL_MS": "1000"}
+    backoff = {"AGENT_MQTT__RECONNECT_MIN_S": "1", "AGENT_MQTT__RECONNECT_MAX_S": "30"}
+    line.start_active("a", **ttl)
+    lock_read = line.next_read("b", line.lock_key)
+    starting = line.start_agent(
+        "b", via_proxy=True, link_delay_s=ONE_WAY_S, AGENT_LOG_LEVEL="DEBUG", **ttl, **backoff
+    )
+    assert lock_read.wait(30), "b never read the lock"
+    line.broker_down()  # the answers on their way, and the rest of the start, lost with it
+    time.sleep(3.0)  # the outage is the fault itself
+    line.broker_up()
+    back = time.time()
+    watched = starting.wait_for(WATCHED, timeout=30)
+    starting.drain()
+    delays = [float(m.group(1)) for s in starting.lines if (m := RETRY.search(s))]
+    assert len(delays) >= 3, starting.tail()
+    assert max(delays) <= 1.0, delays
+    # Back on the broker within a TTL, the next try within one more, then the start itself.
+    assert log_time(watched.string) - back <= 1.0 + 1.0 + 6 * ROUND_TRIP_S, starting.tail()
+
+
+def test_an_instance_that_takes_its_own_lock_again_does_not_wait_out_its_own_lease(
+    line: LineRig,
+) -> None:
+    """A link 0.6 s each way (TTL 1 s): the active's deadline passes though its renewals
+    still reach the store and keep its lease there. It steps down, reconnects, finds the lock still
+    holding its own value and a sync record (the store kept its contents), and drives again
+    at once: the lease it would wait out is its own, and it has not driven since."""
+    active, _ = line.start_active("a", via_proxy=True, AGENT_LOCK__TTL_MS="1000")
+    proxy = line.proxies["a"]
+    line.background.call(lambda: proxy.delay(0.6))
+    lost = active.wait_for_new(STEPPED_DOWN, timeout=10)
+    line.background.call(proxy.set_pass)
+    assert "deadline passed" in lost.string, lost.string
+    again = active.wait_for_new(ACTIVE, timeout=10)
+    # Its own lease waited out would be a TTL (1 s) past the reconnect.
+    assert log_time(again.string) - log_time(lost.string) < 0.9, active.tail()
