@@ -17,7 +17,6 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from agent import logs
-from agent.backoff import Backoff
 from agent.client.errors import NotAuthorized, StateStoreError
 from agent.client.lock import process_nonce
 from agent.client.session import ConnectionRefused, Session, SessionError, TlsSetupFailed
@@ -31,7 +30,7 @@ from agent.pair.leadership import Leadership, Role
 from agent.runtime import jobs, reload, telemetry
 from agent.runtime.clock_guard import ClockStepDetector, StallDetector, stalled
 from agent.runtime.control import LineControl
-from agent.runtime.devices import make_sync, watch_device, watch_devices
+from agent.runtime.devices import make_sync, store_retry, watch_device, watch_devices
 from agent.runtime.driving import ActiveLine
 from agent.runtime.health import Health, InstanceView
 from agent.runtime.health_http import HealthEndpoint, start_endpoint
@@ -92,9 +91,9 @@ class Agent:
         self.config_hash = config_hash(settings)
         self._reloading = asyncio.Lock()
         self.readiness = Readiness(settings.serial.url, self.line.id, settings.instance_id)
-        self.history = LineHistory(
-            settings, self.process, lambda: self.client, lambda: self.control, self._spawn
-        )
+        leased = lambda: self.leadership is not None and self.leadership.may_drive()  # noqa: E731
+        clients = (lambda: self.client, lambda: self.control)
+        self.history = LineHistory(settings, self.process, *clients, self._spawn, leased)
 
     # ------------------------------------------------------------------ state
 
@@ -271,7 +270,7 @@ class Agent:
         instance is a standby in a few round trips whatever the size of its line."""
         assert self.client is not None and self.session is not None
         assert self.leadership is not None and self.control is not None
-        retry = self._store_retry()
+        retry = store_retry(self.settings.mqtt)
         while True:
             try:
                 # Another process with this instance id says so on the health topic.
@@ -300,10 +299,6 @@ class Agent:
                 await asyncio.sleep(delay)
         self.session.on_connect(self._on_reconnect)
 
-    def _store_retry(self) -> Backoff:
-        mqtt = self.settings.mqtt
-        return Backoff(min(mqtt.reconnect_min_s, mqtt.reconnect_max_s), mqtt.reconnect_max_s)
-
     async def _watch_devices(self) -> None:
         """Every device's keys, watched while the start goes on. A takeover waits for them;
         a line none of whose devices can be served ends the process."""
@@ -318,7 +313,7 @@ class Agent:
             await watch_devices(
                 self.devices,
                 self._watch_device,
-                retry=self._store_retry(),
+                retry=store_retry(self.settings.mqtt),
                 within_s=leadership.idle_reconnect_s,
                 record_found=record_found,
             )

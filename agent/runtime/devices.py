@@ -15,7 +15,7 @@ from agent.client.errors import NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock
 from agent.client.session import SessionError
 from agent.client.statestore import KeyChange, StateStoreClient
-from agent.config import AgentSettings
+from agent.config import AgentSettings, MqttSettings
 from agent.config.devices import DeviceSettings
 from agent.protocol.hlc import Hlc
 from agent.runtime.line import device_profile
@@ -133,6 +133,12 @@ def _refused(error: BaseException) -> bool:
 async def _unobserve(client: StateStoreClient, key: str) -> None:
     with contextlib.suppress(StateStoreError, SessionError):
         await client.unobserve(key)
+
+
+def store_retry(mqtt: MqttSettings) -> Backoff:
+    """The delays of a start's tries while the service does not answer (each capped by
+    its caller, see watch_devices)."""
+    return Backoff(min(mqtt.reconnect_min_s, mqtt.reconnect_max_s), mqtt.reconnect_max_s)
 
 
 async def watch_devices(

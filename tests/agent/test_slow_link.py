@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.protocol.hlc import Hlc
 from tests.agent.test_pair_defects import log_time
 from tests.support.rig import ACTIVE, STANDBY, STEPPED_DOWN, LineRig
 
@@ -93,3 +94,31 @@ def test_an_instance_that_takes_its_own_lock_again_does_not_wait_out_its_own_lea
     again = active.wait_for_new(ACTIVE, timeout=10)
     # Its own lease waited out would be a TTL (1 s) past the reconnect.
     assert log_time(again.string) - log_time(lost.string) < 0.9, active.tail()
+
+
+def test_a_stepped_down_instance_writes_no_history_after_its_lease(line: LineRig) -> None:
+    """The store restarts without its contents: the active, back through its proxy, finds
+    its lease gone and steps down. Its step-down is not recorded with the lease just lost
+    (the emptied store would take it, after the other's grant maybe): no write after the
+    lease, even to the line's history. It is recorded ahead of its next takeover, if any."""
+    active, _ = line.start_active("a", via_proxy=True, link_delay_s=0.05)
+    standby = line.start_agent("b")
+    standby.wait_for_new(STANDBY)
+    wiped_at, wiped_ms = time.monotonic(), time.time_ns() // 1_000_000
+    line.store_restart_forgetting()
+    lost = active.wait_for_new(STEPPED_DOWN, timeout=10)
+    assert "no longer has the lease" in lost.string, lost.string
+    line.wait_key(line.lock_key, lambda value: value is not None, timeout=10)
+    history = f"{line.LINE}\\history".encode()
+    # Whoever drives next records its takeover there: a write of a's would come before.
+    line.wait_key(history.decode(), lambda value: value is not None, timeout=10)
+    stale = [
+        event
+        for event in list(line.store_events)
+        if event.key == history
+        and event.at > wiped_at
+        and event.accepted
+        and "-a-" in event.client
+        and (event.token is None or Hlc.parse(event.token).wall_ms < wiped_ms)
+    ]
+    assert stale == [], stale

@@ -192,7 +192,6 @@ class World:
             {n: device_id(n) for n in self.slots},
             self.lock_key.encode(),
             points=self.kept,
-            history_key=f"{self.line_id}\\history".encode(),
         )
         self.store_up = False
         self.store = self._start_store(keep=True)
