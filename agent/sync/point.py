@@ -59,7 +59,7 @@ from agent.sync.decisions import (
     Synced,
 )
 from agent.sync.device_record import DeviceRecord, MarkedRecord, Written
-from agent.sync.fence import fence
+from agent.sync.fence import Fenced, fence, outcome
 from agent.sync.recollection import Recollection
 from agent.sync.record import PointRecord, Refusal
 from agent.sync.state_file import StateFile
@@ -225,18 +225,23 @@ class PointSync:
     # ------------------------------------------------------------------ taking over
 
     async def take_over(
-        self, controller: Controller, entry: PointRecord | None, marked_at: Hlc | None = None
+        self,
+        controller: Controller,
+        entry: PointRecord | None,
+        marked_at: Hlc | None = None,
+        fenced: Fenced | None = None,
     ) -> bool:
         """Holds the controller from now on: reads the point's key and writes it back with
         this instance's token (the fence), and leaves the point to be reconciled by its
         worker, once `start()`ed (`reconciled` is set then). `entry`: the point's part of
         the record the device read and fenced, `marked_at` that record's version. True if
         the store showed a remote change the former active never applied (a device to
-        reconcile first); False also when the store could not be read."""
+        reconcile first); False also when the store could not be read. `fenced`: the key
+        fenced already, with every other key of the line at once (sync.fence.Fenced)."""
         self.controller = controller
         self.reconciled.clear()
         try:
-            store_raw, store_version = await self.fence(self.key, "write")
+            store_raw, store_version = await outcome(fenced or self.fence(self.key, "write"))
         except (LockNotHeld, FencingTokenLowerVersion):
             self.serve_unfenced(controller)
             return False

@@ -4,7 +4,9 @@ stepped-down instance that writes nothing after its lease."""
 
 from __future__ import annotations
 
+import json
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 
 from agent.protocol.hlc import Hlc
 from tests.agent.test_pair_defects import log_time
-from tests.support.rig import ACTIVE, STANDBY, STEPPED_DOWN, LineRig
+from tests.support.rig import ACTIVE, RECONCILED, STANDBY, STEPPED_DOWN, LineRig
 
 pytestmark = pytest.mark.slow
 
@@ -122,3 +124,29 @@ def test_a_stepped_down_instance_writes_no_history_after_its_lease(line: LineRig
         and (event.token is None or Hlc.parse(event.token).wall_ms < wiped_ms)
     ]
     assert stale == [], stale
+
+
+def test_a_takeover_over_a_slow_link_fences_every_key_at_once(line: LineRig) -> None:
+    """Whole thermostats (every point in its key, readings among them): the new active
+    fences the sync record, the line's name, the readings and the points of every device
+    together, about two round trips after its look at the device's line, not key after
+    key (seven round trips then)."""
+    profiled = json.dumps(
+        [{"id": line.device_id(n), "address": n, "profile": "sim"} for n in range(1, UNITS + 1)]
+    )
+    active, _ = line.start_active("a", AGENT_DEVICES=profiled)
+    standby = line.start_agent("b", via_proxy=True, link_delay_s=ONE_WAY_S, AGENT_DEVICES=profiled)
+    standby.wait_for(WATCHED, timeout=30)
+    active.signal(signal.SIGKILL)
+    standby.wait_for_new(RECONCILED, timeout=30)
+    events = list(line.store_events)
+    lock = line.lock_key.encode()
+    granted = next(e.at for e in events if e.key == lock and e.accepted and "-b-" in e.client)
+    first_fence: dict[bytes, float] = {}
+    for event in events:
+        if event.at > granted and event.accepted and event.token and "-b-" in event.client:
+            first_fence.setdefault(event.key, event.at)
+    devices = [k for k in first_fence if k.startswith(b"t0")]
+    assert len(devices) >= UNITS * 3, sorted(first_fence)
+    fenced_in = max(first_fence[k] for k in devices) - granted
+    assert fenced_in <= 4.5 * ROUND_TRIP_S, f"every key fenced {fenced_in:.2f} s after the grant"
