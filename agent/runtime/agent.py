@@ -576,6 +576,8 @@ class Agent:
             line=self.line.id,
             instance=self.settings.instance_id,
             rate=self._line_rate,
+            round_trip_s=None if self.leadership is None else self.leadership.round_trips.worst_s,
+            too_slow=self.leadership is not None and self.leadership.too_slow is not None,
         )
 
     # ------------------------------------------------------------------ health

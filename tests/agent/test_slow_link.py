@@ -15,6 +15,7 @@ import pytest
 
 from agent.protocol.hlc import Hlc
 from tests.agent.test_pair_defects import log_time
+from tests.ops.support import Topics, health_topic, status
 from tests.support.rig import ACTIVE, RECONCILED, STANDBY, STEPPED_DOWN, LineRig
 
 pytestmark = pytest.mark.slow
@@ -52,6 +53,7 @@ def test_a_start_over_a_slow_link_takes_a_few_round_trips_whatever_the_line(
 
 
 WATCHED = re.compile(r"watching \d+ device\(s\) in the store")
+TOO_SLOW = re.compile(r"too long to hold a lease")
 RETRY = re.compile(r"state store not answering yet.*trying again in ([0-9.]+) s")
 
 
@@ -150,3 +152,43 @@ def test_a_takeover_over_a_slow_link_fences_every_key_at_once(line: LineRig) -> 
     assert len(devices) >= UNITS * 3, sorted(first_fence)
     fenced_in = max(first_fence[k] for k in devices) - granted
     assert fenced_in <= 4.5 * ROUND_TRIP_S, f"every key fenced {fenced_in:.2f} s after the grant"
+
+
+def test_an_instance_too_slow_for_its_lease_is_said_in_status_health_and_telemetry(
+    line: LineRig,
+) -> None:
+    """A 1.2 s round trip cannot hold a 1 s lease: the standby does not contend, and the
+    operator sees the pair has one usable gateway in `agent status`, its health and its
+    line's telemetry."""
+    line.start_active("a", AGENT_LOCK__TTL_MS="1000")
+    telemetry = f"lines/{line.LINE}/telemetry"
+    topics = Topics(line.port, health_topic(line.LINE, "b"), telemetry)
+    try:
+        standby = line.start_agent(
+            "b",
+            via_proxy=True,
+            AGENT_LOCK__TTL_MS="1000",
+            AGENT_MQTT__REQUEST_TIMEOUT_S="5",
+            AGENT_HEALTH__INTERVAL_S="1",
+            AGENT_TELEMETRY__INTERVAL_S="1",
+        )
+        standby.wait_for_new(STANDBY)
+        line.background.call(lambda: line.proxies["b"].delay(0.6))
+        standby.wait_for_new(TOO_SLOW, timeout=15)
+        health = topics.wait(
+            health_topic(line.LINE, "b"),
+            lambda d: "too long to hold a lease" in (d.get("problem") or ""),
+        )
+        assert health["state"] == "failing" and health["round_trip_ms"] > 1000, health
+        said = topics.wait(
+            telemetry, lambda d: d["instance"] == "b" and d.get("too_slow_for_lease") is True
+        )
+        assert said["round_trip_ms"] > 1000, said
+        _, document = status(line, line.LINE)
+        (report,) = document["lines"]
+        assert any(
+            p.startswith("b is failing") and "too long to hold a lease" in p
+            for p in report["problems"]
+        ), report["problems"]
+    finally:
+        topics.close()
