@@ -16,7 +16,7 @@ import pytest
 from agent.protocol.hlc import Hlc
 from tests.agent.test_pair_defects import log_time
 from tests.ops.support import Topics, health_topic, status
-from tests.support.rig import ACTIVE, RECONCILED, STANDBY, STEPPED_DOWN, LineRig
+from tests.support.rig import ACTIVE, RECONCILED, STANDBY, STEPPED_DOWN, LineRig, line_rig
 
 pytestmark = pytest.mark.slow
 
@@ -27,11 +27,8 @@ ROUND_TRIP_S = 2 * ONE_WAY_S
 
 @pytest.fixture
 def line(tmp_path: Path) -> Iterator[LineRig]:
-    rig = LineRig(tmp_path, UNITS)
-    try:
+    with line_rig(tmp_path, UNITS) as rig:
         yield rig
-    finally:
-        rig.close()
 
 
 def test_a_start_over_a_slow_link_takes_a_few_round_trips_whatever_the_line(

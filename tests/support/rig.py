@@ -10,7 +10,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -410,3 +410,13 @@ class LineRig(Rig):
 
     def writes(self, address: int) -> list[float]:
         return self.background.call(lambda: [w.value for w in self.unit(address).writes])
+
+
+@contextlib.contextmanager
+def line_rig(tmp_path: Path, units: int, **options: Any) -> Iterator[LineRig]:
+    """A LineRig of `units` thermostats, closed at the end (for a test module's fixture)."""
+    rig = LineRig(tmp_path, units, **options)
+    try:
+        yield rig
+    finally:
+        rig.close()
