@@ -59,7 +59,7 @@ from agent.sync.decisions import (
     Synced,
 )
 from agent.sync.device_record import DeviceRecord, MarkedRecord, Written
-from agent.sync.fence import fence
+from agent.sync.fence import Fenced, fence, outcome
 from agent.sync.recollection import Recollection, StoreReading
 from agent.sync.record import PointRecord, Refusal
 from agent.sync.state_file import StateFile
@@ -227,18 +227,23 @@ class PointSync:
     # ------------------------------------------------------------------ taking over
 
     async def take_over(
-        self, controller: Controller, entry: PointRecord | None, marked_at: Hlc | None = None
+        self,
+        controller: Controller,
+        entry: PointRecord | None,
+        marked_at: Hlc | None = None,
+        fenced: Fenced | None = None,
     ) -> bool:
         """Holds the controller from now on: reads the point's key and writes it back with
         this instance's token (the fence), and leaves the point to be reconciled by its
         worker, once `start()`ed (`reconciled` is set then). `entry`: the point's part of
         the record the device read and fenced, `marked_at` that record's version. True if
         the store showed a remote change the former active never applied (a device to
-        reconcile first); False also when the store could not be read."""
+        reconcile first); False also when the store could not be read. `fenced`: the key
+        fenced already, with every other key of the line at once (sync.fence.Fenced)."""
         self.controller = controller
         self.reconciled.clear()
         try:
-            store_raw, store_version = await self.fence(self.key, "write")
+            store_raw, store_version = await outcome(fenced or self.fence(self.key, "write"))
         except (LockNotHeld, FencingTokenLowerVersion):
             self.serve_unfenced(controller)
             return False
@@ -513,17 +518,13 @@ class PointSync:
         the unit's value back, so that the store never shows a value as if it held."""
         self.status.counters.invalid_remote_values += 1
         shown = decision.value[:32].decode("ascii", errors="backslashreplace")
-        self.log.warning(
-            "%s: %s %r refused (%s); the store gets the unit's %s back",
-            what,
-            self.name,
-            shown,
-            decision.reason,
-            decision.restore,
-        )
-        if decision.restore is not None:  # before the refusal: its sync is not one since
-            await self._publish(decision.restore, f"{shown} refused: {decision.reason}")
+        said = "%s: %s %r refused (%s); the store gets the unit's %s back"
+        self.log.warning(said, what, self.name, shown, decision.reason, decision.restore)
+        # The refusal first, in every record from now on: a writer waiting on the record must
+        # not take the restore's sync (no sync since: it answers the refusal) for its value.
         self.record.refused = Refusal(self.name, shown, decision.version, decision.reason)
+        if decision.restore is not None:
+            await self._publish(decision.restore, f"{shown} refused: {decision.reason}", True)
         await self.write_record()
 
     async def _apply(
@@ -582,7 +583,7 @@ class PointSync:
         return "set point" if self.name == "setPoint" else self.name
 
     async def _publish(
-        self, value: PointValue, reason: str, *, only_if_absent: bool = False
+        self, value: PointValue, why: str, restores: bool = False, *, only_if_absent: bool = False
     ) -> None:
         if not self._may_write():
             return
@@ -636,16 +637,11 @@ class PointSync:
             self.status.synced = decisions.base_after_a_lost_race(self.status.synced, value)
             self.reconcile_soon()
             return
-        self.log.info(
-            "published %s %s to the store (%s, version %s)",
-            self._what,
-            value,
-            reason,
-            result.version,
-        )
-        await self._record(value, result.version)
+        said = "published %s %s to the store (%s, version %s)"
+        self.log.info(said, self._what, value, why, result.version)
+        await self._record(value, result.version, restores)
 
-    async def _record(self, value: PointValue, version: Hlc | None) -> None:
+    async def _record(self, value: PointValue, version: Hlc | None, restores: bool = False) -> None:
         """Both sides agree on `value` at `version`: remember it, on disk and in the store
         (the sync record, for whoever takes over next)."""
         synced = Synced(value, version)
@@ -657,7 +653,8 @@ class PointSync:
         await self._save_locally()
         if version is not None:
             self._unanswered = self.past.published = None  # synced at a store version: settled
-            self.record.synced_since(self.name, version)
+            if not restores:  # a restore answers a refusal: it is no sync since
+                self.record.synced_since(self.name, version)
             await self.write_record()
 
     def enter_in_record(

@@ -222,12 +222,14 @@ async def test_the_instance_records_what_it_did_fenced_and_best_effort(
     settings = AgentSettings(
         line_id="floor3", devices="t01@1", instance_id="b", serial={"url": "socket://x:1"}
     )
+    leased = True
     history = LineHistory(
         settings,
         "0a1b",
         lambda: store,  # type: ignore[arg-type,return-value]
         lambda: None,
         lambda work: tasks.append(asyncio.ensure_future(work)) or tasks[-1],
+        lambda: leased,
     )
 
     async def settled() -> list[tuple[str, str, str]]:
@@ -238,20 +240,29 @@ async def test_the_instance_records_what_it_did_fenced_and_best_effort(
     history.saw_lock(KeyChange(b"floor3\\lock", "SET", b"a#ffff", Hlc(900, 0, "s")))
     history.took_over(first)
     history.paused(later, PauseNote("ops@x", "", "rewiring"))
-    history.stepped_down("local lease deadline passed")  # fenced with the newest token used
+    assert await settled() == [("takeover", "a", "b"), ("pause", "b", "")]
+    leased = False
+    history.stepped_down("local lease deadline passed")  # its lease is over: not written
+    assert len(await settled()) == 2
+    leased = True
+    history.took_over(Hlc(3000, 0, "s"))  # under the next lease, ahead of its takeover
     assert await settled() == [
         ("takeover", "a", "b"),
         ("pause", "b", ""),
         ("step-down", "b", ""),
+        ("takeover", "", "b"),
     ]
     history.handing_over()  # a switchover: the next active records it, not this step-down
     history.stepped_down("switchover to a requested by ops@x")
     history.resumed(None)  # not active: nothing to fence with, nothing recorded
-    assert len(await settled()) == 3
+    leased = False
+    history.resumed(Hlc(3001, 0, "s"))  # the lease ended before the write: not recorded
+    assert len(await settled()) == 4
+    leased = True
 
     store.token = Hlc(9000, 0, "s")  # a newer active wrote since: this one's record is refused
     history.paused(later, PauseNote("ops@x", "", "again"))
-    assert len(await settled()) == 3
+    assert len(await settled()) == 4
     store.fail = RequestTimeout("no answer within 2 s")
     with caplog.at_level(logging.DEBUG, logger="agent"):
         history.paused(Hlc(9999, 0, "s"), PauseNote("", "", ""))

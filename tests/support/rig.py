@@ -10,7 +10,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -152,10 +152,13 @@ class Rig:
         env.update(extra)
         return env
 
-    def start_agent(self, instance: str, *, via_proxy: bool = False, **extra: str) -> AgentProcess:
+    def start_agent(
+        self, instance: str, *, via_proxy: bool = False, link_delay_s: float = 0.0, **extra: str
+    ) -> AgentProcess:
         """An agent process; `via_proxy`: its link to the broker goes through a fault proxy
-        of its own (rig.proxies[instance]). It reaches the line through a port of its own,
-        so that the line's records say which instance sent what (see wire_violations)."""
+        of its own (rig.proxies[instance]), delayed `link_delay_s` each way from the first
+        byte. It reaches the line through a port of its own, so that the line's records say
+        which instance sent what (see wire_violations)."""
         env = self.env(instance, **extra)
         if "AGENT_SERIAL__URL" not in extra:
             env["AGENT_SERIAL__URL"] = self.background.run(self.device.open_port(instance))
@@ -164,6 +167,8 @@ class Rig:
 
             proxy = FaultProxy(("127.0.0.1", self.port))
             self.background.run(proxy.start())
+            if link_delay_s:
+                self.background.call(lambda: proxy.delay(link_delay_s))
             self.proxies[instance] = proxy
             env["AGENT_MQTT__PORT"] = str(proxy.port)
         process = AgentProcess([], env=env, merge_stderr=True)
@@ -427,3 +432,13 @@ class LineRig(Rig):
 
     def writes(self, address: int) -> list[float]:
         return self.background.call(lambda: [w.value for w in self.unit(address).writes])
+
+
+@contextlib.contextmanager
+def line_rig(tmp_path: Path, units: int, **options: Any) -> Iterator[LineRig]:
+    """A LineRig of `units` thermostats, closed at the end (for a test module's fixture)."""
+    rig = LineRig(tmp_path, units, **options)
+    try:
+        yield rig
+    finally:
+        rig.close()
