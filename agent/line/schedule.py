@@ -390,9 +390,11 @@ class BusSchedule:
     def _start_cycle(self, now: float) -> None:
         self._cycle.extend(self._order)
         self._cycle_started_at = now
-        # The next cycle is due one interval after this one started; if the line is slower
-        # than that, the next starts as soon as this one ends (no backlog builds up).
-        self._cycle_due_at = max(self._cycle_due_at + self.poll_interval_s, now)
+        # The next cycle is due one interval after this one started (the interval is the
+        # least time between two polls of a unit: a cycle that started late is no debt to
+        # catch up on with cycles back to back); if the line is slower than that, the next
+        # starts as soon as this one ends.
+        self._cycle_due_at = now + self.poll_interval_s
 
     def _end_cycle(self, now: float) -> None:
         if self._cycle_started_at is not None:

@@ -389,3 +389,27 @@ def test_a_unit_that_timed_out_is_not_polled_into_a_waiting_writes_turn() -> Non
         s.finished(op, Outcome.TIMEOUT if op.device == "t2" else Outcome.OK, now, took)
     assert now <= 1.0 + POLL_S
     assert all(device != "t2" for _, device in started), started
+
+
+@given(st.floats(0.0, 30.0), st.floats(0.2, 2.0), st.floats(0.001, 0.05))
+def test_cycles_start_no_closer_than_the_poll_interval(
+    late_s: float, interval_s: float, answer_s: float
+) -> None:
+    """Whenever the first cycle starts (a start-up, a takeover), cycles begin at least one
+    interval apart: a late start is no backlog to catch up on back to back."""
+    s = BusSchedule(DEVICES, poll_interval_s=interval_s, now=0.0)
+    now, starts = late_s, []
+    while now < late_s + 10 * interval_s:
+        op = s.next(now)
+        if isinstance(op, float):
+            now = max(now, op)
+            continue
+        if op.device == DEVICES[0]:
+            starts.append(now)
+        now += answer_s
+        s.finished(op, Outcome.OK, now)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(starts) >= 5
+    assert all(gap >= interval_s - 1e-9 for gap in gaps), gaps
+    # And no more than the interval apart when the line is faster than it.
+    assert all(gap <= interval_s + len(DEVICES) * answer_s + 1e-9 for gap in gaps), gaps
