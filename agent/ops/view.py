@@ -157,6 +157,8 @@ class DeviceRow:
     """Being reconciled after a takeover: store and unit may differ for a moment."""
     served_by: str | None = None
     """Another line that serves it (configured on both): this line leaves it alone."""
+    humidity: float | None = None
+    """Relative humidity (%), of a unit whose profile reads it."""
 
 
 @dataclass
@@ -301,6 +303,7 @@ def _device_row(device: str, snapshot: DeviceSnapshot, holder: str | None, now: 
         refusal = (
             f"{refused.get('point')} {refused.get('value')} refused{ago}: {refused.get('reason')}"
         )
+    points = status.get("points")
     return DeviceRow(
         refused=refusal,
         device=device,
@@ -315,6 +318,7 @@ def _device_row(device: str, snapshot: DeviceSnapshot, holder: str | None, now: 
         problem=problem,
         reconciling=reconciling and problem is None,
         served_by=served_by,
+        humidity=_number(points.get("humidity")) if isinstance(points, dict) else None,
     )
 
 
@@ -539,19 +543,30 @@ def _sync(device: DeviceRow) -> str:
 
 
 DEVICE_HEADERS = ["Device", "Store", "Unit", "Temp", "In sync", "Synced", "Problem, errors"]
+HUMIDITY_HEADER = "RH %"
+"""After Temp, on a line where a unit reads humidity."""
 
 
 def _errors(device: DeviceRow) -> str:
     return ", ".join(f"{ERROR_NAMES.get(k, k)} {v}" for k, v in device.errors.items())
 
 
+def _device_headers(devices: list[DeviceRow]) -> list[str]:
+    if not any(d.humidity is not None for d in devices):
+        return DEVICE_HEADERS
+    at = DEVICE_HEADERS.index("Temp") + 1
+    return [*DEVICE_HEADERS[:at], HUMIDITY_HEADER, *DEVICE_HEADERS[at:]]
+
+
 def _device_rows(devices: list[DeviceRow]) -> list[list[str]]:
+    humid = HUMIDITY_HEADER in _device_headers(devices)
     return [
         [
             d.device,
             _stored(d.store),
             _value(d.controller),
             _value(d.temperature),
+            *([_value(d.humidity)] if humid else []),
             _sync(d),
             "" if d.last_sync_age_s is None else age(d.last_sync_age_s) + " ago",
             d.problem or _errors(d),
@@ -564,9 +579,9 @@ def _last_column(devices: list[DeviceRow], width: int | None) -> int | None:
     """How wide the devices table's last column can be in `width` (None: any width)."""
     if width is None:
         return None
-    rows = _device_rows(devices)
-    used = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(DEVICE_HEADERS[:-1])]
-    return width - sum(used) - 3 * len(DEVICE_HEADERS) - 1
+    rows, headers = _device_rows(devices), _device_headers(devices)
+    used = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers[:-1])]
+    return width - sum(used) - 3 * len(headers) - 1
 
 
 def _device_notes(device: DeviceRow, room: int | None) -> list[str]:
@@ -580,7 +595,8 @@ def _device_notes(device: DeviceRow, room: int | None) -> list[str]:
 
 
 def _device_table(report: Report, devices: list[DeviceRow], width: int | None) -> list[str]:
-    lines = table(f"Devices of {report.line}", DEVICE_HEADERS, _device_rows(devices), width=width)
+    headers, rows = _device_headers(devices), _device_rows(devices)
+    lines = table(f"Devices of {report.line}", headers, rows, width=width)
     room = _last_column(devices, width)
     notes = [note for d in devices for note in _device_notes(d, room)]
     return lines + [_cut(n, width) if width else n for n in notes]

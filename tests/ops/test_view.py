@@ -420,3 +420,18 @@ def test_a_refusal_shows_its_age_and_counters_that_do_not_fit_get_a_line_of_thei
     assert " t01 errors: controller 1234, store 56, invalid 7, fenced 3, lock losses 2" in shown
     # Counters that fit their cell are not said twice.
     assert not [line for line in shown if line.startswith(" t02 errors")]
+
+
+def test_humidity_is_shown_beside_the_temperature_where_a_unit_reads_it() -> None:
+    snapshot = healthy()
+    assert "RH %" not in view.render(view.assess(snapshot, NOW))  # no unit reads it
+    snapshot.devices["t01"].status["points"] = {"humidity": 45.5, "mode": "heat"}
+    text = view.render(view.assess(snapshot, NOW))
+    assert "| Device | Store | Unit | Temp  | RH % | In sync |" in text
+    assert "| t01    | 21.5  | 21.5 | 20.25 | 45.5 | yes     |" in text
+    assert view.assess(snapshot, NOW).devices[0].humidity == 45.5
+    # A line of 32 whole thermostats still fits the terminal.
+    many = line_of(32)
+    for device in many.devices.values():
+        device.status["points"] = {"humidity": 61.0}
+    fits(view.render(view.assess(many, NOW), rows=24, width=80), 24)
