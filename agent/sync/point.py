@@ -47,7 +47,7 @@ from agent.controller.interface import (
 )
 from agent.controller.points import Point
 from agent.protocol.hlc import Hlc
-from agent.sync import decisions
+from agent.sync import decisions, status
 from agent.sync.decisions import (
     ApplyToController,
     Decision,
@@ -63,7 +63,7 @@ from agent.sync.fence import fence
 from agent.sync.recollection import Recollection
 from agent.sync.record import PointRecord, Refusal
 from agent.sync.state_file import StateFile
-from agent.sync.status import SyncStatus
+from agent.sync.status import PANEL, RESTORE, SyncStatus
 from agent.sync.store_errors import StoreErrors
 
 Decide = Callable[[PointValue, Rules], Decision]
@@ -510,6 +510,7 @@ class PointSync:
         """A value the unit cannot take: refused and recorded with why, and the key gets
         the unit's value back, so that the store never shows a value as if it held."""
         self.status.counters.invalid_remote_values += 1
+        self.status.wrote(status.REMOTE, status.REFUSED)
         shown = decision.value[:32].decode("ascii", errors="backslashreplace")
         self.log.warning(
             "%s: %s %r refused (%s); the store gets the unit's %s back",
@@ -521,7 +522,7 @@ class PointSync:
         )
         self.record.refused = Refusal(self.name, shown, decision.version, decision.reason)
         if decision.restore is not None:
-            await self._publish(decision.restore, f"{shown} refused: {decision.reason}")
+            await self._publish(decision.restore, f"{shown} refused: {decision.reason}", RESTORE)
         else:
             await self.write_record()
 
@@ -554,13 +555,16 @@ class PointSync:
             return exc.state
         except (WriteNotAllowed, NotSent) as exc:
             self._forget_pending(intent)  # nothing went out
+            self.status.wrote(status.REMOTE, status.NOT_SENT)
             self.log.info("write of %s not sent: %s", decision.value, exc)
             return None
         except ControllerFault as exc:
             # It may have reached the controller all the same: it stays pending.
             self.status.controller_fault(exc)
+            self.status.wrote(status.REMOTE, status.NOT_CONFIRMED)
             self.log.warning("could not apply %s %s: %s", self._what, decision.value, exc)
             return None
+        self.status.wrote(status.REMOTE, status.APPLIED, changed_ms=decision.version.wall_ms)
         self.log.info(
             "applied remote %s %s to the controller (version %s)",
             self._what,
@@ -569,7 +573,7 @@ class PointSync:
         )
         await self._record(readback, decision.version)
         if decision.correct_store or not decisions.same(readback, decision.value):
-            await self._publish(readback, "the controller keeps a rounded value")
+            await self._publish(readback, "the controller keeps a rounded value", status.REMOTE)
         return None
 
     def _forget_pending(self, intent: Synced) -> None:
@@ -581,7 +585,7 @@ class PointSync:
         return "set point" if self.name == "setPoint" else self.name
 
     async def _publish(
-        self, value: PointValue, reason: str, *, only_if_absent: bool = False
+        self, value: PointValue, reason: str, origin: str = PANEL, *, only_if_absent: bool = False
     ) -> None:
         if not self._may_write():
             return
@@ -607,12 +611,14 @@ class PointSync:
         except FencingTokenLowerVersion:
             # The lock counts the lease lost (a renewal of ours would have explained it).
             self.status.counters.fenced_writes_rejected += 1
+            self.status.wrote(origin, status.REFUSED)
             self.log.warning("store refused our write of %s: a newer active wrote", value)
             return
         except LockNotHeld:
             return
         except (StateStoreError, SessionError) as exc:
             self._errors.failed(exc, self.key, "write")
+            self.status.wrote(origin, status.NOT_CONFIRMED)
             if isinstance(exc, TimeoutError):
                 # Unanswered: the store may have it. Every record from now on says so,
                 # until the point syncs again (a takeover must not take the value for a
@@ -628,6 +634,7 @@ class PointSync:
                     self._wake.set()
             return
         self._errors.allowed(self.key)
+        self.status.wrote(origin, status.APPLIED if result.applied else status.NOT_SENT)
         if not result.applied:
             # Written meanwhile (a remote change to an empty store): compare anew, with the
             # value read as the base if nothing was synced yet.
