@@ -35,9 +35,10 @@ from agent.runtime.control import LineControl
 from agent.runtime.devices import make_sync, watch_device
 from agent.runtime.driving import ActiveLine
 from agent.runtime.health import Health, InstanceView
-from agent.runtime.health_http import HealthEndpoint, unusable_setting
+from agent.runtime.health_http import HealthEndpoint, UnusableSetting, open_endpoint
 from agent.runtime.line import make_driver, warn_about
 from agent.runtime.line_history import LineHistory
+from agent.runtime.metrics import Metrics
 from agent.runtime.notify import Notifier
 from agent.runtime.readiness import Readiness
 from agent.runtime.reports import LineRate, device_snapshot, device_view, line_snapshot
@@ -112,6 +113,13 @@ class Agent:
     def _log_fields(self) -> dict[str, str | None]:
         token = self.leadership.token if self.leadership is not None else None
         return {"role": self.role.value, "token": None if token is None else str(token)}
+
+    @property
+    def paused(self) -> bool:
+        return self.control is not None and self.control.paused
+
+    def names(self) -> tuple[str, str]:
+        return self.line.id, self.settings.instance_id
 
     def may_write(self) -> bool:
         paused = self.control is not None and self.control.paused
@@ -619,27 +627,14 @@ class Agent:
         return self.health.words()
 
     async def _start_endpoint(self) -> bool:
-        """Listens when a port is set; False (said) when it cannot."""
+        """Listens unless the port is set empty; False (said) when it cannot."""
         settings = self.settings.health
-        if settings.port is None:
-            return True
-        endpoint = HealthEndpoint(settings.host, settings.port, self.health.instance_document)
+        metrics = Metrics(self).exposition if settings.metrics else None
         try:
-            host, port = await endpoint.start()
-        except OSError as exc:
-            name = unusable_setting(exc)
-            log.error(
-                "invalid setting AGENT_HEALTH__%s (health.%s): the health endpoint cannot "
-                "listen on %s:%d: %s",
-                name.upper(),
-                name,
-                settings.host,
-                settings.port,
-                exc.strerror or exc,
-            )
+            self._endpoint = await open_endpoint(settings, self.health.instance_document, metrics)
+        except UnusableSetting as exc:
+            log.error("%s", exc)
             return False
-        self._endpoint = endpoint
-        log.info("health endpoint at http://%s:%d/health", host, port)
         return True
 
     # ------------------------------------------------------------------ reload
