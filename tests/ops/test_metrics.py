@@ -113,14 +113,15 @@ def test_the_pair_its_line_and_its_devices_show_on_metrics(line: LineRig) -> Non
     )
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Debian: prometheus)")
+@pytest.mark.slow
 def test_promtool_finds_nothing_to_say_about_the_metrics(line: LineRig) -> None:
+    promtool = shutil.which("promtool") or pytest.fail("needs promtool (Debian: prometheus)")
     active, _ = line.start_active("a", AGENT_HEALTH__PORT="0")
     at_a = address_of(active)
     scrape_until(at_a, lambda s: total(s, "agent_line_transactions_total") > 0)
     text, _ = scrape(at_a)
     checked = subprocess.run(
-        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
     )
     assert checked.returncode == 0 and not checked.stdout.strip(), checked.stdout + checked.stderr
 
