@@ -3,6 +3,7 @@ scrapes it, its text checked by Prometheus's own `promtool`."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import time
@@ -11,6 +12,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.runtime.health_http import HealthEndpoint
 from tests.ops.test_health import ENDPOINT, get
 from tests.support.rig import STANDBY, LineRig
 
@@ -56,16 +58,15 @@ def address_of(agent: object) -> tuple[str, int]:
     return match.group(1), int(match.group(2))
 
 
-def test_the_pair_its_line_and_its_devices_show_on_metrics(line: LineRig) -> None:
-    active, _ = line.start_active("a", AGENT_HEALTH__PORT="0", AGENT_SERIAL__PROBE_INTERVAL_S="0.3")
-    standby = line.start_agent("b", AGENT_HEALTH__PORT="0")
-    standby.wait_for_new(STANDBY)
-    at_a, at_b = address_of(active), address_of(standby)
+def test_the_active_its_line_and_its_devices_show_on_metrics(line: LineRig) -> None:
+    active, _ = line.start_active("a", AGENT_HEALTH__PORT="0")
+    at_a = address_of(active)
     pair = {"line": LINE, "instance": "a"}
 
-    series = scrape_until(
-        at_a, lambda s: total(s, "agent_line_transactions_total", result="ok") >= 4
+    series = scrape_until(  # every unit read once (a takeover reads them all)
+        at_a, lambda s: len([k for k in s if k[0] == "agent_device_temperature_celsius"]) == 4
     )
+    assert total(series, "agent_line_transactions_total", result="ok") >= 4
     assert value(series, "agent_active", **pair) == 1
     assert value(series, "agent_standby", **pair) == 0
     assert value(series, "agent_lock_unheld", **pair) == 0
@@ -81,6 +82,15 @@ def test_the_pair_its_line_and_its_devices_show_on_metrics(line: LineRig) -> Non
         assert value(series, "agent_device_temperature_celsius", **pair, device=device) is not None
         room = {**pair, "device": device, "point": "setPoint"}
         assert value(series, "agent_device_setpoint_celsius", **room) == 20.0
+
+
+@pytest.mark.slow
+def test_the_standby_a_refused_value_and_a_dead_unit_show_on_metrics(line: LineRig) -> None:
+    active, _ = line.start_active("a", AGENT_HEALTH__PORT="0", AGENT_SERIAL__PROBE_INTERVAL_S="0.3")
+    standby = line.start_agent("b", AGENT_HEALTH__PORT="0")
+    standby.wait_for_new(STANDBY)
+    at_a, at_b = address_of(active), address_of(standby)
+    pair = {"line": LINE, "instance": "a"}
     _, of_b = scrape(at_b)
     assert value(of_b, "agent_active", line=LINE, instance="b") == 0
     assert value(of_b, "agent_standby", line=LINE, instance="b") == 1
@@ -126,6 +136,11 @@ def test_promtool_finds_nothing_to_say_about_the_metrics(line: LineRig) -> None:
     assert checked.returncode == 0 and not checked.stdout.strip(), checked.stdout + checked.stderr
 
 
-def test_metrics_can_be_turned_off(line: LineRig) -> None:
-    active, _ = line.start_active("a", AGENT_HEALTH__PORT="0", AGENT_HEALTH__METRICS="false")
-    assert get(address_of(active), "/metrics")[0] == 404
+async def test_metrics_can_be_turned_off() -> None:
+    endpoint = HealthEndpoint("127.0.0.1", 0, lambda: {"role": "active", "state": "running"})
+    address = await endpoint.start()
+    try:
+        code, _ = await asyncio.to_thread(get, address, "/metrics")
+    finally:
+        await endpoint.close()
+    assert code == 404
