@@ -20,6 +20,7 @@ import pytest
 from tests.deploy.test_monitoring import DASHBOARD
 from tests.ops.test_metrics import address_of
 from tests.support.ports import free_port
+from tests.support.processes import wait_or_kill
 from tests.support.rig import ACTIVE, STANDBY, LineRig
 
 LINE = LineRig.LINE
@@ -81,11 +82,7 @@ class Prometheus:
 
     def close(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        wait_or_kill(self.proc, 10)
         self.log.close()
 
 
