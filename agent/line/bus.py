@@ -159,8 +159,6 @@ class Bus:
         self.driving = driving
         self.transactions = transactions if transactions is not None else transaction_tally()
         self.line_events = line_events if line_events is not None else Tally()
-        self.withheld = 0
-        """Transactions not put on the line because the gate said no."""
         self.handles = {name: DeviceHandle(self, unit) for name, unit in self.units.items()}
         self.reopen_count = 0
         """How often the port was reopened after it was lost."""
@@ -177,6 +175,11 @@ class Bus:
         self._line_event = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def withheld(self) -> int:
+        """Transactions not put on the line because the gate said no (every bus's)."""
+        return sum(n for (_, _, result), n in self.transactions.items() if result == REFUSED)
 
     @property
     def line_up(self) -> bool:
@@ -412,7 +415,6 @@ class Bus:
         try:
             result = self._blocking_call(op, unit, gate)
         except WriteNotAllowed as exc:  # the gate said no: nothing went out
-            self.withheld += 1
             self.transactions.count((op.device, op.kind.value, REFUSED))
             with self._mutex:
                 self.schedule.withdraw(op)
