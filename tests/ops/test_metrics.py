@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -12,7 +13,8 @@ from collections.abc import Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.runtime.health_http import HealthEndpoint
+from agent.config.health import HealthSettings
+from agent.runtime.health_http import HealthEndpoint, UnusableSetting, open_endpoint
 from tests.ops.test_health import ENDPOINT, get
 from tests.support.rig import STANDBY, LineRig
 
@@ -144,3 +146,21 @@ async def test_metrics_can_be_turned_off() -> None:
     finally:
         await endpoint.close()
     assert code == 404
+
+
+async def test_the_default_port_taken_is_said_and_the_agent_runs_without_the_endpoint(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def answer() -> dict[str, str]:
+        return {"role": "active", "state": "running"}
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # As if it were the default: not set by the operator.
+        default = HealthSettings.model_construct(port=port, _fields_set=set())
+        assert await open_endpoint(default, answer, None) is None
+        assert f"default port 127.0.0.1:{port} is taken" in caplog.text
+        with pytest.raises(UnusableSetting, match="invalid setting AGENT_HEALTH__PORT"):
+            await open_endpoint(HealthSettings(port=port), answer, None)
