@@ -45,11 +45,13 @@ outdir=$(cd "$outdir" && pwd)
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/systemd" "$stage/deploy/deb"
+mkdir -p "$stage/systemd" "$stage/deploy/deb" "$stage/deploy/prometheus" "$stage/deploy/grafana"
 cp "$checkout/systemd/agent@.service" "$stage/systemd/"
 cp "$here/nfpm.yaml" "$here/agent.sysusers" "$here/agent.env.example" \
     "$here/99-agent-serial.rules" "$stage/deploy/"
 cp "$here/deb/postinst" "$here/deb/prerm" "$here/deb/postrm" "$stage/deploy/deb/"
+cp "$here/prometheus/agent-alerts.yml" "$stage/deploy/prometheus/"
+cp "$here/grafana/agent-dashboard.json" "$stage/deploy/grafana/"
 "$here/build-venv.sh" --python "$python" "$stage/venv" /opt/agent/venv "$package"
 
 # The version of what was installed, which pip built from a clean copy of the project. -I keeps

@@ -511,7 +511,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
             processes.append(_start([], work / f"{name}.log", own))
             # gw1 first: the examples' active; then gw2, its standby.
             _status_exits(env, 5 if name == "gw1" else 0)
-        yield Pair(env, {8008: health}, processes)
+        yield Pair(env, {9732: health}, processes)
     finally:
         for proc in reversed(processes):
             if proc.poll() is None:

@@ -23,17 +23,18 @@ LONG_BECAUSE = "long because"
 
 # Bottom to top. A room may import the rooms named for it; `agent.cli` finds the
 # subcommands' modules by name at run time and is checked by its own test below.
-BASE = {"protocol", "backoff", "message", "logs", "config"}
+BASE = {"protocol", "backoff", "message", "logs", "config", "tally"}
 MAY_IMPORT: dict[str, set[str]] = {
     "protocol": set(),
     "backoff": set(),
+    "tally": set(),
     "message": set(),
     "logs": set(),
     "config": {"controller"},
     "controller": set(),
-    "line": {"controller"},
+    "line": {"controller", "tally"},
     "simulator": {"controller"},
-    "client": {"protocol", "backoff", "message", "logs", "config"},
+    "client": {"protocol", "backoff", "message", "logs", "config", "tally"},
     "emulator": BASE | {"client"},
     "sync": BASE | {"client", "controller"},
     "pair": BASE | {"client"},

@@ -34,6 +34,7 @@ from agent.protocol.resp3 import (
     decode_response,
     encode_request,
 )
+from agent.tally import Tally
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ class KeyChange:
 
 EARLIER_KEPT = 16
 """Superseded values a change carries: older ones are missed (see delivered_since)."""
+REQUEST_BOUNDS_S = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""A request's round trip: milliseconds to a local broker, seconds when it times out."""
 
 ChangeHandler = Callable[[KeyChange], Awaitable[None] | None]
 
@@ -124,6 +127,14 @@ class StateStoreClient:
         self._started = False
         self._responses_subscribed = False
         self._watching = asyncio.Semaphore(_WATCH_IN_FLIGHT)
+        self.requests = Tally(REQUEST_BOUNDS_S)
+        """Requests by (command, result: ok, timeout, error); their latency by command."""
+        self.answered_at: float | None = None
+        """When the store last answered a request (wall clock, seconds)."""
+        self.reconnects = 0
+        """Connections after the first (each caught up)."""
+        self.notifications = 0
+        """KEYNOTIFY notifications received (a malformed one included)."""
 
     async def start(self) -> None:
         """Subscribes to responses and notifications; call once the session is started."""
@@ -294,6 +305,27 @@ class StateStoreClient:
     async def _request(
         self, args: list[bytes], fencing_token: Hlc | None, timeout: float | None
     ) -> tuple[Response, Hlc | None]:
+        command = args[0].decode("ascii", errors="replace")
+        started = time.monotonic()
+        try:
+            answer = await self._request_once(args, fencing_token, timeout)
+        except RequestTimeout:
+            self._counted(command, "timeout", started)
+            raise
+        except (StateStoreError, SessionError):
+            self._counted(command, "error", started)
+            raise
+        self._counted(command, "ok", started)
+        self.answered_at = time.time()
+        return answer
+
+    def _counted(self, command: str, result: str, started: float) -> None:
+        self.requests.count((command, result))
+        self.requests.observe((command,), time.monotonic() - started)
+
+    async def _request_once(
+        self, args: list[bytes], fencing_token: Hlc | None, timeout: float | None
+    ) -> tuple[Response, Hlc | None]:
         timeout = self.request_timeout_s if timeout is None else timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -369,6 +401,7 @@ class StateStoreClient:
             future.set_result(message)
 
     def _on_notification(self, message: Message) -> None:
+        self.notifications += 1
         key = topics.key_from_notify_topic(message.topic)
         if key is None:
             return
@@ -442,6 +475,7 @@ class StateStoreClient:
 
     async def _resync(self) -> None:
         """On every connect: catch up in the background, so other hooks need not wait."""
+        self.reconnects += 1
         if self._resync_task is not None:
             self._resync_task.cancel()
         # Changes made while the connection was down were never notified.

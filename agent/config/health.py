@@ -7,6 +7,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+DEFAULT_PORT = 9732
+"""The health endpoint's port unless set: on loopback, for the gateway's own Prometheus (or
+the agent that forwards to one)."""
+
 
 class HealthSettings(BaseModel):
     """What each instance says about itself and its devices, for monitoring and `agent status`."""
@@ -36,9 +40,13 @@ class HealthSettings(BaseModel):
         default="127.0.0.1", description="Address the HTTP health endpoint listens on."
     )
     port: Annotated[int, Field(ge=0, le=65535)] | None = Field(
-        default=None,
-        description="Port of the HTTP health endpoint (/health, /leader, /replica, ...); "
-        "not set: no endpoint; 0: any free port (logged).",
+        default=DEFAULT_PORT,
+        description="Port of the HTTP health endpoint (/health, /leader, /replica, "
+        "/metrics, ...); empty: no endpoint; 0: any free port (logged).",
+    )
+    metrics: bool = Field(
+        default=True,
+        description="Whether the health endpoint answers /metrics (Prometheus's text format).",
     )
 
     @field_validator("port", mode="before")

@@ -47,12 +47,29 @@ from agent.controller.interface import (
 )
 from agent.line.handle import AvailabilityHandler, DeviceHandle
 from agent.line.schedule import BusSchedule, Change, Kind, Op, Outcome, Refused
+from agent.tally import Tally
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BACKOFF_INITIAL_S = 1.0
 DEFAULT_BACKOFF_MAX_S = 30.0
 GATE_RETRY_S = 0.01
+
+# A transaction's result, as counted (agent.tally): answered, no answer, a garbled answer,
+# an exception reply (or a driver's error), not sent because the lease's gate said no, or
+# the port itself gone.
+OK, TIMEOUT, CORRUPT, EXCEPTION, REFUSED, LINE_DOWN = (
+    "ok", "timeout", "corrupt", "exception", "refused", "line_down"
+)  # fmt: skip
+OPENED, LOST = "opened", "lost"
+TRANSACTION_BOUNDS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""A transaction's time: a few ms at 115200 baud, a reply timeout's worth when it fails."""
+
+
+def transaction_tally() -> Tally:
+    return Tally(TRANSACTION_BOUNDS_S)
+
+
 """Urgent work the gate held back (the lease did not cover it yet) is tried again after
 this, while the master still drives the line: a renewal is on its way."""
 
@@ -92,6 +109,8 @@ class Bus:
         on_availability: AvailabilityHandler | None = None,
         gate: Gate = open_gate,
         driving: Callable[[], bool] | None = None,
+        transactions: Tally | None = None,
+        line_events: Tally | None = None,
         **schedule_options: Any,
     ) -> None:
         """`reading_wanted(name, state)` is asked on the bus's thread for every routine
@@ -103,7 +122,11 @@ class Bus:
         before the transaction does) must not put a single frame on it, even before the
         event loop has caught up and closed the bus. It must only read state. While
         `driving()` still says yes, urgent work the gate held back waits for the lease to be
-        renewed instead of failing."""
+        renewed instead of failing.
+
+        `transactions` counts each transaction by (unit, function, result), its time by function,
+        `line_events` the port opened and lost (both given by the owner, so that the counts
+        outlive this bus: a takeover makes a new one)."""
         if not units:
             raise ValueError("a bus needs at least one unit")
         if not 0 < backoff_initial_s <= backoff_max_s:
@@ -134,8 +157,8 @@ class Bus:
         self.on_availability = on_availability
         self.gate = gate
         self.driving = driving
-        self.withheld = 0
-        """Transactions not put on the line because the gate said no."""
+        self.transactions = transactions if transactions is not None else transaction_tally()
+        self.line_events = line_events if line_events is not None else Tally()
         self.handles = {name: DeviceHandle(self, unit) for name, unit in self.units.items()}
         self.reopen_count = 0
         """How often the port was reopened after it was lost."""
@@ -152,6 +175,11 @@ class Bus:
         self._line_event = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def withheld(self) -> int:
+        """Transactions not put on the line because the gate said no (every bus's)."""
+        return sum(n for (_, _, result), n in self.transactions.items() if result == REFUSED)
 
     @property
     def line_up(self) -> bool:
@@ -294,6 +322,7 @@ class Bus:
             self._post(self._set_all_available, False)
         else:
             self._line_up = True
+            self.line_events.count((OPENED,))
             self._post(self._line_event.set)
             log.info("%s: line opened", self.driver.url)
         finally:
@@ -382,24 +411,30 @@ class Bus:
         """One transaction on the line: (its result, None) or (None, the error)."""
         unit = self.units[op.device]
         started = time.monotonic()
+        corrupt_before = self.driver.stats.corrupt_replies
         try:
             result = self._blocking_call(op, unit, gate)
         except WriteNotAllowed as exc:  # the gate said no: nothing went out
-            self.withheld += 1
+            self.transactions.count((op.device, op.kind.value, REFUSED))
             with self._mutex:
                 self.schedule.withdraw(op)
             return None, exc
         except LinkLost as exc:
+            self._count(op, LINE_DOWN, started)
             with self._mutex:
                 self.schedule.finished(op, Outcome.LINE_DOWN, time.monotonic())
             # Its caller learns it with everyone else's, after the units are unavailable.
             self._lose_line(exc)
             return None, ControllerUnavailable(f"{self.driver.url}: line lost: {exc}")
         except ControllerUnavailable as exc:
+            garbled = self.driver.stats.corrupt_replies != corrupt_before
+            self._count(op, CORRUPT if garbled else TIMEOUT, started)
             self._in_doubt(op)
             self._settle(op, Outcome.TIMEOUT, time.monotonic() - started)
             return None, exc
         except ControllerError as exc:
+            garbled = self.driver.stats.corrupt_replies != corrupt_before
+            self._count(op, CORRUPT if garbled else EXCEPTION, started)
             self._in_doubt(op)
             self._settle(op, Outcome.ERROR, time.monotonic() - started)
             return None, exc
@@ -407,10 +442,13 @@ class Bus:
             # A driver bug or an undocumented library exception: the unit's fault as far
             # as the caller can tell, never the end of the bus.
             log.exception("%s: unexpected error on %s", op.device, op.kind.value)
+            self._count(op, EXCEPTION, started)
             self._in_doubt(op)
             self._settle(op, Outcome.ERROR)
             return None, ControllerError(f"{op.device}: unexpected error: {exc!r}")
         ended = time.monotonic()
+        self.transactions.count((op.device, op.kind.value, OK))
+        self.transactions.observe((op.kind.value,), ended - started)
         self._settle(op, Outcome.OK, ended - started)
         self.handles[op.device].note_result(op, result, ended)
         if op.kind in (Kind.POLL, Kind.PROBE) or (op.kind is Kind.READ and op.value is None):
@@ -421,6 +459,10 @@ class Bus:
             if wanted and not urgent and self.on_reading is not None:
                 self._post(self._deliver_reading, op.device, result, ended)
         return result, None
+
+    def _count(self, op: Op, result: str, started: float) -> None:
+        self.transactions.count((op.device, op.kind.value, result))
+        self.transactions.observe((op.kind.value,), time.monotonic() - started)
 
     def _in_doubt(self, op: Op) -> None:
         if op.kind is Kind.WRITE:
@@ -457,6 +499,7 @@ class Bus:
         if not self._line_up:
             return
         self._line_up = False
+        self.line_events.count((LOST,))
         self._post(self._line_event.clear)
         log.warning("%s: line lost, reopening: %s", self.driver.url, exc)
         self._post(self._set_all_available, False)
@@ -477,6 +520,7 @@ class Bus:
                 log.debug("%s: reopen attempt %d failed: %s", self.driver.url, attempts, exc)
                 continue
             self.reopen_count += 1
+            self.line_events.count((OPENED,))
             with self._mutex:
                 self.schedule.rejoin_all(time.monotonic())
             self._line_up = True

@@ -193,6 +193,14 @@ class BusSchedule:
     def pending(self) -> list[Op]:
         return list(self._urgent)
 
+    def waiting(self) -> dict[str, int]:
+        """What waits, by kind: the urgent work, and the routine polls left in this cycle."""
+        counts = {kind.value: 0 for kind in Kind}
+        for op in list(self._urgent):
+            counts[op.kind.value] += 1
+        counts[Kind.POLL.value] += len(self._cycle)
+        return counts
+
     def slow(self, device: str) -> float | None:
         """How long the device's transactions take, if it is slow; None if not."""
         known = self._devices.get(device)

@@ -30,6 +30,7 @@ from agent.client.statestore import KeyChange, StateStoreClient
 from agent.pair.lock_delay import LockDelay
 from agent.pair.renewal import MOST_RENEWALS_PER_TTL, RENEWALS_PER_TTL, LeaseTiming, RoundTrips
 from agent.protocol.hlc import Hlc
+from agent.tally import Tally
 
 log = logging.getLogger("agent")
 
@@ -40,6 +41,10 @@ class Role(enum.Enum):
     ACTIVE = "active"
     STOPPING = "stopping"
 
+
+# Why a role changed, as counted: became active, handed the line over on request, stepped
+# down because its own deadline passed (it fenced itself), or because the lease was lost.
+TAKEOVER, SWITCHOVER, SELF_FENCE, LOST_LEASE = "takeover", "switchover", "self_fence", "lost_lease"
 
 TakeOver = Callable[[], Awaitable[None]]
 StepDown = Callable[[str], Awaitable[None]]
@@ -79,6 +84,10 @@ class Leadership:
         """Set by every live DELETE of the lock: a takeover's wait looks again."""
         self.role = Role.STARTING
         self.losses = 0
+        self.role_changes = Tally()
+        self.seen_holder: bytes | None = None
+        """The lock's holder as last read or notified (None: nobody holds it)."""
+        """Role changes by why: takeover, switchover, self_fence, lost_lease."""
         self._take_over_line = take_over
         self._step_down_line = step_down
         self._spawn = spawn
@@ -229,6 +238,7 @@ class Leadership:
                     "the lease was lost meanwhile" if self.lock.epoch != epoch else "stepped down",
                 )
                 return  # the step-down closes up
+            self.role_changes.count((TAKEOVER,))
             log.info("became active (fencing token %s)", token)
             self.active_event.set()
 
@@ -292,9 +302,12 @@ class Leadership:
             # the lock. A reset link drops it; the session reconnects.
             self.session.drop_link(f"lease of {self.lock_key} ended unanswered")
         look = reason is LossReason.LEASE_FORGOTTEN
-        self._spawn(self.step_down(reason.value, look_first=look))
+        why = SELF_FENCE if reason is LossReason.DEADLINE_PASSED else LOST_LEASE
+        self._spawn(self.step_down(reason.value, look_first=look, why=why))
 
-    async def step_down(self, reason: str, *, look_first: bool = False) -> None:
+    async def step_down(
+        self, reason: str, *, look_first: bool = False, why: str = LOST_LEASE
+    ) -> None:
         if not self.lock.held:
             self.session.set_reconnect_ceiling(self.idle_reconnect_s)
         if self.role is not Role.ACTIVE:
@@ -304,6 +317,7 @@ class Leadership:
         self._active_epoch = None
         self.active_event.clear()
         self.losses += 1
+        self.role_changes.count((why,))
         log.warning("stepped down to standby: %s", reason)
         async with self._role_change:
             await self._step_down_line(reason)
@@ -322,6 +336,7 @@ class Leadership:
         self.role = Role.STANDBY  # writes stop first: may_drive() is false from here on
         self._active_epoch = None
         self.active_event.clear()
+        self.role_changes.count((SWITCHOVER,))
         log.info("handing over: %s", reason)
         await drain()
         for renewal in self._renewals:
@@ -397,6 +412,7 @@ class Leadership:
 
     def _on_lock_change(self, change: KeyChange) -> None:
         self.on_lock_seen(change)
+        self.seen_holder = change.value if change.kind == "SET" else None
         if change.kind == "SET":
             self._saw_holder(change.value, live=not change.synthetic)
         elif not change.synthetic:
@@ -409,6 +425,7 @@ class Leadership:
     def saw_holder(self, holder: bytes | None, *, asked_at: float | None = None) -> None:
         """The lock's holder, as read from the store (not a live notification) by a request
         sent at `asked_at` (monotonic)."""
+        self.seen_holder = holder
         self._saw_holder(holder, live=False, asked_at=asked_at)
 
     def _saw_holder(

@@ -28,14 +28,15 @@ from agent.line.bus import Bus
 from agent.ops.control import SwitchoverRequest
 from agent.pair.leadership import Leadership, Role
 from agent.runtime import jobs, reload, telemetry
-from agent.runtime.clock_guard import ClockStepDetector, StallDetector, stalled
+from agent.runtime.clock_watch import watch_clock
 from agent.runtime.control import LineControl
 from agent.runtime.devices import make_sync, store_retry, watch_device, watch_devices
 from agent.runtime.driving import ActiveLine
 from agent.runtime.health import Health, InstanceView
-from agent.runtime.health_http import HealthEndpoint, start_endpoint
+from agent.runtime.health_http import HealthEndpoint, UnusableSetting, open_endpoint
 from agent.runtime.line import make_driver, warn_about
 from agent.runtime.line_history import LineHistory
+from agent.runtime.metrics import Metrics
 from agent.runtime.notify import Notifier
 from agent.runtime.readiness import Readiness
 from agent.runtime.reloading import ReloadVerdicts, runtime_directory
@@ -114,9 +115,15 @@ class Agent:
         token = self.leadership.token if self.leadership is not None else None
         return {"role": self.role.value, "token": None if token is None else str(token)}
 
+    @property
+    def paused(self) -> bool:
+        return self.control is not None and self.control.paused
+
+    def names(self) -> tuple[str, str]:
+        return self.line.id, self.settings.instance_id
+
     def may_write(self) -> bool:
-        paused = self.control is not None and self.control.paused
-        return self.leadership is not None and self.leadership.may_drive() and not paused
+        return self.leadership is not None and self.leadership.may_drive() and not self.paused
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -213,7 +220,10 @@ class Agent:
             # Renewals run from before the first acquisition: a slow takeover (waiting for
             # the previous lease, opening the line, reconciling) must not outlast the lease.
             self._start_scheduler()
-            self._clock_task = asyncio.create_task(self._watch_clock(), name="clock")
+            clock = watch_clock(
+                lambda: self.role is Role.ACTIVE, self.settings.lock.ttl_ms, lambda: self.scheduler
+            )
+            self._clock_task = asyncio.create_task(clock, name="clock")
             # Health from before the first contention: a takeover waiting out the previous
             # lease says so, rather than not reporting at all.
             self._spawn(self.health.run())
@@ -576,22 +586,6 @@ class Agent:
 
     # ------------------------------------------------------------------ health
 
-    async def _watch_clock(self) -> None:
-        detector = ClockStepDetector()
-        stalls = StallDetector(period_s=0.5)
-        while True:
-            await asyncio.sleep(0.5)
-            late = stalls.check()
-            if late is not None:
-                log.warning(stalled(late, self.role is Role.ACTIVE, self.settings.lock.ttl_ms))
-            step = detector.check()
-            if step is not None and self.scheduler is not None:
-                log.warning("wall clock stepped by %+.1f s: rescheduling jobs", step)
-                now = datetime.now().astimezone()
-                for job in self.scheduler.get_jobs():
-                    job.modify(next_run_time=now)
-                self.scheduler.wakeup()
-
     def view(self) -> InstanceView:
         """What health needs of this instance, now."""
         leadership, bus, session = self.leadership, self.bus, self.session
@@ -632,11 +626,15 @@ class Agent:
             await asyncio.sleep(interval)
 
     async def _start_endpoint(self) -> bool:
-        """Listens when a port is set; False (said) when it cannot."""
-        if self.settings.health.port is None:
-            return True
-        self._endpoint = await start_endpoint(self.settings.health, self.health.instance_document)
-        return self._endpoint is not None
+        """Listens unless the port is set empty; False (said) when it cannot."""
+        settings, answer = self.settings.health, self.health.instance_document
+        try:
+            metrics = Metrics(self).exposition if settings.metrics else None
+            self._endpoint = await open_endpoint(settings, answer, metrics)
+        except UnusableSetting as exc:
+            log.error("%s", exc)
+            return False
+        return True
 
     # ------------------------------------------------------------------ reload
 

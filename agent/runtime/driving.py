@@ -13,9 +13,10 @@ from typing import Any
 from agent.config import AgentSettings
 from agent.controller.driver import Driver
 from agent.controller.interface import ControllerState
-from agent.line.bus import Bus
+from agent.line.bus import Bus, transaction_tally
 from agent.runtime.line import make_units, write_intervals
 from agent.sync.device import DeviceSync
+from agent.tally import Tally
 
 log = logging.getLogger("agent")
 
@@ -40,6 +41,9 @@ class ActiveLine:
         self.deadline = deadline
         self._spawn = spawn
         self.bus: Bus | None = None
+        self.transactions = transaction_tally()
+        """Every bus's transactions, this process's whole life (agent.runtime.metrics)."""
+        self.line_events = Tally()
         self.lock = asyncio.Lock()
         """The line opened, closed, paused: one at a time."""
         self._reconciling: asyncio.Future[Any] | None = None
@@ -62,6 +66,8 @@ class ActiveLine:
             on_availability=self._on_availability,
             gate=self.gate,
             driving=self.may_write,
+            transactions=self.transactions,
+            line_events=self.line_events,
         )
         await bus.open()
         self.bus = bus

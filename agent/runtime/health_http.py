@@ -7,14 +7,17 @@ Patroni's REST API: the status code says it, the body (JSON) says more.
 - `/health`, `/readiness`: 200 unless it is failing (not connected to the broker, a job of
   the agent stopped, or as active its line down), else 503;
 - `/paused`: 200 when the line is paused, else 503;
-- `/liveness`: 200 whenever the agent answers.
+- `/liveness`: 200 whenever the agent answers;
+- `/metrics`: the instance's metrics for Prometheus (agent.runtime.metrics), unless
+  `AGENT_HEALTH__METRICS` is false.
 
-GET, HEAD and OPTIONS; anything else is 405, an unknown path 404. Off unless
-`AGENT_HEALTH__PORT` is set; it listens on loopback unless `AGENT_HEALTH__HOST` says
-otherwise, from the start (before the broker is reached: 503 but for /liveness until the
-role is known), and an address it cannot listen on is a setting error. Plain asyncio: a
-request line and headers of at most 8 KiB, read within 5 s, at most 16 connections at once
-(more are closed at once), one answer each, then closed.
+GET, HEAD and OPTIONS; anything else is 405, an unknown path 404. On port 9732 unless
+`AGENT_HEALTH__PORT` says otherwise (empty: none); it listens on loopback unless
+`AGENT_HEALTH__HOST` says otherwise, from the start (before the broker is reached: 503 but
+for /liveness until the role is known), and an address it cannot listen on is a setting
+error (the default port taken: no endpoint, said). Plain asyncio: a request line and
+headers of at most 8 KiB, read within 5 s, at most 16 connections at once (more are closed
+at once), one answer each, then closed.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ MAX_CONNECTIONS = 16
 
 Answer = Callable[[], dict[str, Any]]
 """The instance's health document: at least `role` and `state` (running, paused, failing)."""
+Exposition = Callable[[], bytes]
+"""The instance's metrics in Prometheus's text format (agent.runtime.metrics)."""
+METRICS_PATH = "/metrics"
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             503: "Service Unavailable"}  # fmt: skip
@@ -70,34 +77,50 @@ def unusable_setting(error: OSError) -> str:
     return "port" if error.errno in (errno.EADDRINUSE, errno.EACCES) else "host"
 
 
-async def start_endpoint(settings: HealthSettings, answer: Answer) -> HealthEndpoint | None:
-    """The endpoint listening as `settings` say; None (said, naming the setting) when it
-    cannot."""
-    assert settings.port is not None
-    endpoint = HealthEndpoint(settings.host, settings.port, answer)
+class UnusableSetting(Exception):
+    """The endpoint cannot listen where its settings say (the message names the setting)."""
+
+
+async def open_endpoint(
+    settings: HealthSettings, answer: Answer, metrics: Exposition | None
+) -> HealthEndpoint | None:
+    """The endpoint listening (its address logged); None when its port is set empty, or the
+    default port is taken (said)."""
+    if settings.port is None:
+        return None
+    endpoint = HealthEndpoint(settings.host, settings.port, answer, metrics)
     try:
         host, port = await endpoint.start()
     except OSError as exc:
         name = unusable_setting(exc)
-        log.error(
-            "invalid setting AGENT_HEALTH__%s (health.%s): the health endpoint cannot "
-            "listen on %s:%d: %s",
-            name.upper(),
-            name,
-            settings.host,
-            settings.port,
-            exc.strerror or exc,
-        )
-        return None
-    log.info("health endpoint at http://%s:%d/health", host, port)
+        if name == "port" and "port" not in settings.model_fields_set:
+            # The default, not asked for: a second instance on this host (a pair tried on
+            # one machine) runs without an endpoint rather than not at all.
+            log.warning(
+                "the health endpoint's default port %s:%d is taken (another instance on this "
+                "host?): no health endpoint and no metrics; set AGENT_HEALTH__PORT to another "
+                "port, or empty for none",
+                settings.host,
+                settings.port,
+            )
+            return None
+        raise UnusableSetting(
+            f"invalid setting AGENT_HEALTH__{name.upper()} (health.{name}): the health "
+            f"endpoint cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
+        ) from None
+    shown = f", metrics at http://{host}:{port}{METRICS_PATH}" if metrics is not None else ""
+    log.info("health endpoint at http://%s:%d/health%s", host, port, shown)
     return endpoint
 
 
 class HealthEndpoint:
-    def __init__(self, host: str, port: int, answer: Answer) -> None:
+    def __init__(
+        self, host: str, port: int, answer: Answer, metrics: Exposition | None = None
+    ) -> None:
         self.host = host
         self.port = port
         self._answer = answer
+        self._metrics = metrics
         self._server: asyncio.Server | None = None
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self._connections: set[asyncio.Task[Any]] = set()
@@ -157,6 +180,9 @@ class HealthEndpoint:
         if method not in ("GET", "HEAD", "OPTIONS"):
             await self._send(writer, 405, {"error": f"{method} not allowed"}, head=False)
             return
+        if path == METRICS_PATH and self._metrics is not None:
+            await self._send_metrics(writer, head=method == "HEAD")
+            return
         try:
             document = self._answer()
         except Exception:  # a bug must not take the endpoint down: say failing
@@ -166,13 +192,34 @@ class HealthEndpoint:
         body = document if code != 404 else {"error": f"no such path: {path}"}
         await self._send(writer, code, body, head=method == "HEAD")
 
+    async def _send_metrics(self, writer: asyncio.StreamWriter, *, head: bool) -> None:
+        assert self._metrics is not None
+        try:
+            payload = self._metrics()
+        except Exception:  # a bug must not take the endpoint down: say so
+            log.exception("health endpoint: no metrics")
+            await self._send(writer, 503, {"error": "no metrics"}, head=head)
+            return
+        await self._send_bytes(writer, 200, payload, METRICS_CONTENT_TYPE, head=head)
+
     async def _send(
         self, writer: asyncio.StreamWriter, code: int, body: dict[str, Any], *, head: bool
     ) -> None:
         payload = json.dumps(body, separators=(",", ":")).encode() + b"\n"
+        await self._send_bytes(writer, code, payload, "application/json", head=head)
+
+    async def _send_bytes(
+        self,
+        writer: asyncio.StreamWriter,
+        code: int,
+        payload: bytes,
+        content_type: str,
+        *,
+        head: bool,
+    ) -> None:
         headers = [
             f"HTTP/1.1 {code} {_REASONS.get(code, 'Error')}",
-            "Content-Type: application/json",
+            f"Content-Type: {content_type}",
             f"Content-Length: {len(payload)}",
             "Cache-Control: no-cache",
             "Connection: close",

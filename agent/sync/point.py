@@ -47,7 +47,7 @@ from agent.controller.interface import (
 )
 from agent.controller.points import Point
 from agent.protocol.hlc import Hlc
-from agent.sync import decisions
+from agent.sync import decisions, status
 from agent.sync.decisions import (
     ApplyToController,
     Decision,
@@ -63,7 +63,7 @@ from agent.sync.fence import Fenced, fence, outcome
 from agent.sync.recollection import Recollection, StoreReading
 from agent.sync.record import PointRecord, Refusal
 from agent.sync.state_file import StateFile
-from agent.sync.status import SyncStatus
+from agent.sync.status import PANEL, RESTORE, SyncStatus
 from agent.sync.store_errors import StoreErrors
 
 Decide = Callable[[PointValue, Rules], Decision]
@@ -517,6 +517,7 @@ class PointSync:
         """A value the unit cannot take: refused and recorded with why, and the key gets
         the unit's value back, so that the store never shows a value as if it held."""
         self.status.counters.invalid_remote_values += 1
+        self.status.wrote(status.REMOTE, status.REFUSED)
         shown = decision.value[:32].decode("ascii", errors="backslashreplace")
         said = "%s: %s %r refused (%s); the store gets the unit's %s back"
         self.log.warning(said, what, self.name, shown, decision.reason, decision.restore)
@@ -524,7 +525,7 @@ class PointSync:
         # not take the restore's sync (no sync since: it answers the refusal) for its value.
         self.record.refused = Refusal(self.name, shown, decision.version, decision.reason)
         if decision.restore is not None:
-            await self._publish(decision.restore, f"{shown} refused: {decision.reason}", True)
+            await self._publish(decision.restore, f"{shown} refused: {decision.reason}", RESTORE)
         await self.write_record()
 
     async def _apply(
@@ -556,13 +557,16 @@ class PointSync:
             return exc.state
         except (WriteNotAllowed, NotSent) as exc:
             self._forget_pending(intent)  # nothing went out
+            self.status.wrote(status.REMOTE, status.NOT_SENT)
             self.log.info("write of %s not sent: %s", decision.value, exc)
             return None
         except ControllerFault as exc:
             # It may have reached the controller all the same: it stays pending.
             self.status.controller_fault(exc)
+            self.status.wrote(status.REMOTE, status.NOT_CONFIRMED)
             self.log.warning("could not apply %s %s: %s", self._what, decision.value, exc)
             return None
+        self.status.wrote(status.REMOTE, status.APPLIED, changed_ms=decision.version.wall_ms)
         self.log.info(
             "applied remote %s %s to the controller (version %s)",
             self._what,
@@ -571,7 +575,7 @@ class PointSync:
         )
         await self._record(readback, decision.version)
         if decision.correct_store or not decisions.same(readback, decision.value):
-            await self._publish(readback, "the controller keeps a rounded value")
+            await self._publish(readback, "the controller keeps a rounded value", status.REMOTE)
         return None
 
     def _forget_pending(self, intent: Synced) -> None:
@@ -583,7 +587,7 @@ class PointSync:
         return "set point" if self.name == "setPoint" else self.name
 
     async def _publish(
-        self, value: PointValue, why: str, restores: bool = False, *, only_if_absent: bool = False
+        self, value: PointValue, why: str, origin: str = PANEL, *, only_if_absent: bool = False
     ) -> None:
         if not self._may_write():
             return
@@ -609,12 +613,14 @@ class PointSync:
         except FencingTokenLowerVersion:
             # The lock counts the lease lost (a renewal of ours would have explained it).
             self.status.counters.fenced_writes_rejected += 1
+            self.status.wrote(origin, status.REFUSED)
             self.log.warning("store refused our write of %s: a newer active wrote", value)
             return
         except LockNotHeld:
             return
         except (StateStoreError, SessionError) as exc:
             self._errors.failed(exc, self.key, "write")
+            self.status.wrote(origin, status.NOT_CONFIRMED)
             if isinstance(exc, TimeoutError):
                 # Unanswered: the store may have it. Every record from now on says so,
                 # until the point syncs again (a takeover must not take the value for a
@@ -630,6 +636,7 @@ class PointSync:
                     self._wake.set()
             return
         self._errors.allowed(self.key)
+        self.status.wrote(origin, status.APPLIED if result.applied else status.NOT_SENT)
         if not result.applied:
             # Written meanwhile (a remote change to an empty store): compare anew, with the
             # value read as the base if nothing was synced yet.
@@ -639,7 +646,7 @@ class PointSync:
             return
         said = "published %s %s to the store (%s, version %s)"
         self.log.info(said, self._what, value, why, result.version)
-        await self._record(value, result.version, restores)
+        await self._record(value, result.version, origin == RESTORE)
 
     async def _record(self, value: PointValue, version: Hlc | None, restores: bool = False) -> None:
         """Both sides agree on `value` at `version`: remember it, on disk and in the store

@@ -3,10 +3,20 @@ writes it has in doubt and its error counters (read by status, health and teleme
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from agent.controller.interface import ControllerError, ControllerFault, ControllerUnavailable
 from agent.sync.decisions import Synced
+from agent.tally import Tally
+
+# A write of a point, as counted: where the value came from (a remote change to the
+# controller, a panel change to the store, the unit's value back to the store after a
+# refusal) and how it ended.
+REMOTE, PANEL, RESTORE = "remote", "panel", "restore"
+APPLIED, REFUSED, NOT_CONFIRMED, NOT_SENT = "applied", "refused", "not_confirmed", "not_sent"
+READ_BACK_BOUNDS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+"""From a remote change (its version's time) to the controller's read-back."""
 
 
 @dataclass
@@ -16,6 +26,8 @@ class SyncCounters:
     store_errors: int = 0
     fenced_writes_rejected: int = 0
     not_authorized: int = 0
+    writes: Tally = field(default_factory=lambda: Tally(READ_BACK_BOUNDS_S))
+    """Writes by (origin, result); a remote change applied, its time to the read-back."""
 
 
 @dataclass
@@ -26,6 +38,13 @@ class SyncStatus:
     counters: SyncCounters = field(default_factory=SyncCounters)
     pending: tuple[Synced, ...] = ()
     """Remote changes written (or about to be) to the controller, not yet confirmed."""
+
+    def wrote(self, origin: str, result: str, *, changed_ms: int | None = None) -> None:
+        """Counts a write; with `changed_ms` (the remote change's version: the store's clock
+        when it was made), its time from the remote writer to the unit's read-back."""
+        self.counters.writes.count((origin, result))
+        if changed_ms is not None:
+            self.counters.writes.observe((origin,), max(0.0, time.time() - changed_ms / 1000))
 
     def controller_fault(self, exc: ControllerFault) -> None:
         """Counts a controller's fault, and shows it."""

@@ -328,6 +328,7 @@ def agent_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
         "--health-interval-s": ("2", 2.0),
         "--health-host": ("0.0.0.0", "0.0.0.0"),
         "--health-port": ("8008", 8008),
+        "--health-metrics": ("false", False),
     }
 
 

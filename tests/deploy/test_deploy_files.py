@@ -370,6 +370,8 @@ def test_debian_package(deb_package: Path, tmp_path: Path) -> None:
         "/etc/agent/agent.env.example",
         "/usr/lib/sysusers.d/agent.conf",
         "/opt/agent/share/99-agent-serial.rules",
+        "/opt/agent/share/prometheus/agent-alerts.yml",
+        "/opt/agent/share/grafana/agent-dashboard.json",
     }
     assert EXEC_START in paths
 

@@ -12,6 +12,7 @@ import sys
 import time
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 READY_URL = re.compile(r"mqtt://([^:\s]+):(\d+)")
 
@@ -130,16 +131,21 @@ class AgentProcess:
 
     def reap(self, timeout: float = 10.0) -> int:
         """Waits for it to stop (killed after `timeout`), and closes its pipes."""
-        if self.proc.poll() is None:
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        wait_or_kill(self.proc, timeout)
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
         return self.proc.returncode
+
+
+def wait_or_kill(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """Waits for a process asked to stop; kills it after `timeout`."""
+    if proc.poll() is None:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def stop_all(processes: Sequence[AgentProcess], timeout: float = 10.0) -> None:
