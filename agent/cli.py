@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "history": "agent.ops.history_cli",
     "forget": "agent.ops.forget_cli",
     "watch": "agent.ops.watch_cli",
+    "scan": "agent.commission.cli",
 }
 
 EXIT_USAGE = 2

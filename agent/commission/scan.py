@@ -1,0 +1,149 @@
+"""A bus scan on a real port: the sweep's probes (agent.commission.sweep) sent and heard
+through the drivers' port (agent.controller.port), one transaction at a time, with the
+line's silent interval after each. Blocking: a command's own thread, no event loop.
+
+The scan reads what comes back raw, not through a driver's exchange: a driver drops noise
+and other addresses' replies by design, where a scan must see them to tell a collision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.commission.sweep import Hearing, Probe, Protocol, Settings, Sweep, SweepResult
+from agent.controller.driver import LinkLost, LinkStats, is_device_path
+from agent.controller.modbus_driver import NETWORK_GAP_S
+from agent.controller.port import SerialPort
+from agent.controller.profile import Profile
+from agent.controller.timing import LineTiming
+
+MAX_HEARD = 512
+"""The most bytes one reply window takes in (two replies of the longest line, and noise)."""
+
+
+class PortBusy(Exception):
+    """Another process has the port open or locked."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """How long the scan waits for a reply's first byte after its request, and for the
+    line to fall quiet after the last byte."""
+
+    reply_s: float
+    gap_s: float
+
+    @classmethod
+    def of(cls, timing: LineTiming, reply_s: float | None = None) -> Timeouts:
+        # The first byte's wait: the unit's turnaround, twice over, at least 50 ms.
+        first = timing.reply_timeout_s(1) if reply_s is None else reply_s
+        return cls(first, max(timing.chars_s(2), NETWORK_GAP_S))
+
+
+def holders(path: str) -> list[int]:
+    """The other processes that have the device `path` open (from /proc; those this user
+    may look at)."""
+    real = os.path.realpath(path)
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) == real:
+                        found.append(int(entry.name))
+                        break
+    return found
+
+
+def check_port_free(url: str) -> None:
+    """PortBusy when another process has the local port open or flock()ed (as the agent
+    and pyserial's exclusive open do). A URL (socket://, rfc2217://) has neither."""
+    if not is_device_path(url):
+        return
+    others = holders(url)
+    if others:
+        raise PortBusy(
+            f"{url} is open in process {', '.join(map(str, others))}: close it (or stop the "
+            "program) first"
+        )
+    try:
+        fd = os.open(url, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PortBusy(f"cannot open {url}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise PortBusy(f"{url} is locked by another process") from None
+    finally:
+        os.close(fd)
+
+
+def sweep_port(
+    url: str,
+    sweep: Sweep,
+    timeouts: Timeouts,
+    heard: Callable[[Probe, Hearing], None] = lambda probe, hearing: None,
+) -> tuple[SweepResult, float]:
+    """Runs the sweep on the port at its settings: its result and how long it took."""
+    settings = sweep.result.settings
+    port = SerialPort(
+        url,
+        LinkStats(),
+        baudrate=settings.baudrate,
+        parity=settings.parity,
+        bytesize=settings.bytesize,
+        stopbits=settings.stopbits,
+    )
+    timing = sweep.timing
+    started = time.monotonic()
+    port.open()
+    try:
+        port.wait_for_quiet(timing.silent_s, timeouts.reply_s)
+        while (probe := sweep.next_probe()) is not None:
+            raw, took_s, late = _exchange(port, probe, timing, timeouts)
+            heard(probe, sweep.record(probe, raw, took_s, late))
+    finally:
+        port.close()
+    return sweep.result, time.monotonic() - started
+
+
+def _exchange(
+    port: SerialPort, probe: Probe, timing: LineTiming, timeouts: Timeouts
+) -> tuple[bytes, float, int]:
+    port.discard_input()
+    port.send(probe.frame)
+    sent = time.monotonic()
+    # The reply's first byte is due a turnaround after the request's last one.
+    first_by = sent + timing.chars_s(len(probe.frame)) + timeouts.reply_s
+    raw = port.read_exactly(MAX_HEARD, first_by, timeouts.gap_s)
+    took_s = time.monotonic() - sent
+    # The silent interval before the next request; what comes in it is late.
+    late = port.wait_for_quiet(timing.silent_s, timing.silent_s + timeouts.reply_s)
+    return raw, took_s, late
+
+
+def scan(
+    url: str,
+    protocol: Protocol,
+    addresses: list[int],
+    settings: Settings,
+    profile: Profile | None,
+    reply_timeout_s: float | None = None,
+    heard: Callable[[Probe, Hearing], None] = lambda probe, hearing: None,
+) -> tuple[SweepResult, float, Timeouts]:
+    """One sweep of `addresses` at `settings` (LinkLost when the port fails)."""
+    sweep = Sweep(protocol, addresses, settings, profile)
+    timeouts = Timeouts.of(sweep.timing, reply_timeout_s)
+    result, elapsed = sweep_port(url, sweep, timeouts, heard)
+    return result, elapsed, timeouts
+
+
+__all__ = ["LinkLost", "PortBusy", "Timeouts", "check_port_free", "holders", "scan"]
