@@ -16,7 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.commission.sweep import Hearing, Probe, Protocol, Settings, Sweep, SweepResult
+from agent.commission.sweep import (
+    Hearing,
+    Probe,
+    Protocol,
+    Settings,
+    Sweep,
+    SweepResult,
+    reply_complete,
+)
 from agent.controller.driver import LinkLost, LinkStats, is_device_path
 from agent.controller.modbus_driver import NETWORK_GAP_S
 from agent.controller.port import SerialPort
@@ -68,7 +76,8 @@ def check_port_free(url: str) -> None:
     and pyserial's exclusive open do). A URL (socket://, rfc2217://) has neither."""
     if not is_device_path(url):
         return
-    others = holders(url)
+    # A pseudo-terminal's far end keeps it open by design: only its lock tells.
+    others = [] if os.path.realpath(url).startswith("/dev/pts/") else holders(url)
     if others:
         raise PortBusy(
             f"{url} is open in process {', '.join(map(str, others))}: close it (or stop the "
@@ -108,7 +117,7 @@ def sweep_port(
     try:
         port.wait_for_quiet(timing.silent_s, timeouts.reply_s)
         while (probe := sweep.next_probe()) is not None:
-            raw, took_s, late = _exchange(port, probe, timing, timeouts)
+            raw, took_s, late = _exchange(port, probe, sweep.protocol, timing, timeouts)
             heard(probe, sweep.record(probe, raw, took_s, late))
     finally:
         port.close()
@@ -116,17 +125,29 @@ def sweep_port(
 
 
 def _exchange(
-    port: SerialPort, probe: Probe, timing: LineTiming, timeouts: Timeouts
+    port: SerialPort, probe: Probe, protocol: Protocol, timing: LineTiming, timeouts: Timeouts
 ) -> tuple[bytes, float, int]:
     port.discard_input()
     port.send(probe.frame)
     sent = time.monotonic()
     # The reply's first byte is due a turnaround after the request's last one.
-    first_by = sent + timing.chars_s(len(probe.frame)) + timeouts.reply_s
-    raw = port.read_exactly(MAX_HEARD, first_by, timeouts.gap_s)
+    raw = port.read(MAX_HEARD, sent + timing.chars_s(len(probe.frame)) + timeouts.reply_s)
+    while raw and not reply_complete(protocol, probe, raw) and len(raw) < MAX_HEARD:
+        more = port.read(MAX_HEARD - len(raw), time.monotonic() + timeouts.gap_s)
+        if not more:
+            break  # a reply cut short, or garbage: the line fell quiet
+        raw += more
     took_s = time.monotonic() - sent
-    # The silent interval before the next request; what comes in it is late.
-    late = port.wait_for_quiet(timing.silent_s, timing.silent_s + timeouts.reply_s)
+    # The silent interval before the next request (after a timeout the line has been
+    # quiet longer): what comes in it, a second unit's reply, was heard in this window too.
+    # Past the reply's own length the line must fall quiet within a reply timeout.
+    give_up = time.monotonic() + timeouts.reply_s
+    while raw and len(raw) < MAX_HEARD and time.monotonic() < give_up:
+        more = port.read(MAX_HEARD - len(raw), time.monotonic() + timing.silent_s)
+        if not more:
+            break
+        raw += more
+    late = 0 if len(raw) < MAX_HEARD else port.wait_for_quiet(timing.silent_s, timeouts.reply_s)
     return raw, took_s, late
 
 

@@ -293,6 +293,25 @@ def _line(address: int, request: lp.Request) -> bytes:
 # --- hearing a reply -------------------------------------------------------------------
 
 
+def reply_complete(protocol: Protocol, probe: Probe, raw: bytes) -> bool:
+    """Whether `raw` holds a whole reply (then the scan need not wait for the line to fall
+    quiet, only for the silent interval, in which a second reply would show)."""
+    if protocol == "line":
+        return raw.endswith(b"\n")
+    if len(raw) >= 2 and raw[1] & rtu.EXCEPTION_FLAG:
+        return len(raw) >= rtu.EXCEPTION_REPLY_BYTES
+    if probe.step is Step.SERVER_ID:
+        return len(raw) >= 3 and len(raw) >= 5 + raw[2]
+    if probe.step is Step.DEVICE_ID:
+        try:
+            ident.parse_device_id(probe.frame, raw)
+        except rtu.FrameError:
+            return False
+        return True
+    length = rtu.reply_length(raw[: rtu.HEADER_BYTES])
+    return length is not None and len(raw) >= length
+
+
 def hear(protocol: Protocol, probe: Probe, raw: bytes) -> Hearing:
     """What the bytes heard in a probe's reply window are."""
     if not raw:
