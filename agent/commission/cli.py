@@ -10,8 +10,9 @@ time), the noise, and how long the sweep took beside the line's physical floor. 
 --output it writes a devices file for the units found (the profile --profile, ids
 `<line>-<address>`), which `agent --print-config` takes as it is.
 
-A dead address costs one reply timeout: twice a typical turnaround, at least 50 ms
-(--reply-timeout-ms for slower units; the line protocol lets a unit take 200 ms).
+A dead address costs one reply timeout: twice a typical turnaround (5 ms) and the reply's
+line time, at least 50 ms (--reply-timeout-ms for slower units: the line protocol lets a
+unit take 200 ms).
 
 It never touches a line an agent drives: with --line-id it reads the line's lock in the
 store (the connection settings of `agent store`) and refuses while an agent holds it,
@@ -45,7 +46,7 @@ from agent.client.cli import (
 from agent.client.lock import holder_instance
 from agent.client.statestore import StateStoreClient
 from agent.commission import devices_file
-from agent.commission.scan import PortBusy, Timeouts, check_port_free, scan
+from agent.commission.scan import PortBusy, check_port_free, scan
 from agent.commission.sweep import Found, Protocol, Settings, SweepResult
 from agent.config.devices import check_id
 from agent.config.profiles import BUILT_IN, read_profiles_file
@@ -267,7 +268,7 @@ def _scan(args: argparse.Namespace, wanted: Plan) -> int:
         span = f"{len(wanted.addresses)} addresses in {span}"
     for setting in settings:
         try:
-            result, elapsed, timeouts = scan(
+            result, elapsed, dead_s = scan(
                 args.url,
                 wanted.protocol,
                 wanted.addresses,
@@ -278,7 +279,7 @@ def _scan(args: argparse.Namespace, wanted: Plan) -> int:
         except LinkLost as exc:
             print(f"{NAME}: {exc}", file=sys.stderr)
             return EXIT_PORT_BUSY if "lock" in str(exc) else EXIT_CONNECTION
-        _report(result, elapsed, timeouts, wanted, span)
+        _report(result, elapsed, dead_s, wanted, span)
         results.append(result)
     best = max(results, key=lambda r: len(r.found))
     if not best.found:
@@ -295,15 +296,13 @@ def _scan(args: argparse.Namespace, wanted: Plan) -> int:
     return EXIT_COLLISION if best.collisions else EXIT_OK
 
 
-def _report(
-    result: SweepResult, elapsed: float, timeouts: Timeouts, wanted: Plan, span: str
-) -> None:
+def _report(result: SweepResult, elapsed: float, dead_s: float, wanted: Plan, span: str) -> None:
     profile = wanted.profile
     print(
         f"{result.settings}: {len(result.found)} units at {span} ({wanted.protocol} "
         f"protocol) in {elapsed:.1f} s; the line's floor {result.floor_s:.1f} s "
         f"({result.probes} transactions; a dead address costs "
-        f"{timeouts.reply_s * 1000:.0f} ms of reply timeout)"
+        f"{dead_s * 1000:.0f} ms of reply timeout)"
     )
     for found in result.found:
         print("  " + _unit_line(found, profile))

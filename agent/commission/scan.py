@@ -23,6 +23,7 @@ from agent.commission.sweep import (
     Settings,
     Sweep,
     SweepResult,
+    longest_reply,
     reply_complete,
 )
 from agent.controller.driver import LinkLost, LinkStats, is_device_path
@@ -41,17 +42,24 @@ class PortBusy(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    """How long the scan waits for a reply's first byte after its request, and for the
-    line to fall quiet after the last byte."""
+    """How long the scan waits for a reply after its request, and for the line to fall
+    quiet within a reply cut short."""
 
-    reply_s: float
-    gap_s: float
+    timing: LineTiming
+    protocol: Protocol
+    given_s: float | None = None
+    """The reply timeout given (--reply-timeout-ms); None: from the line's timing."""
 
-    @classmethod
-    def of(cls, timing: LineTiming, reply_s: float | None = None) -> Timeouts:
-        # The first byte's wait: the unit's turnaround, twice over, at least 50 ms.
-        first = timing.reply_timeout_s(1) if reply_s is None else reply_s
-        return cls(first, max(timing.chars_s(2), NETWORK_GAP_S))
+    @property
+    def gap_s(self) -> float:
+        return max(self.timing.chars_s(2), NETWORK_GAP_S)
+
+    def reply_s(self, probe: Probe) -> float:
+        """Twice a typical turnaround and the longest reply's line time, at least 50 ms
+        (the drivers' reply timeout, agent.controller.timing), or the one given."""
+        if self.given_s is not None:
+            return self.given_s
+        return self.timing.reply_timeout_s(longest_reply(self.protocol, probe))
 
 
 def holders(path: str) -> list[int]:
@@ -115,7 +123,7 @@ def sweep_port(
     started = time.monotonic()
     port.open()
     try:
-        port.wait_for_quiet(timing.silent_s, timeouts.reply_s)
+        port.wait_for_quiet(timing.silent_s, 2 * timing.silent_s + timeouts.gap_s)
         while (probe := sweep.next_probe()) is not None:
             raw, took_s, late = _exchange(port, probe, sweep.protocol, timing, timeouts)
             heard(probe, sweep.record(probe, raw, took_s, late))
@@ -131,7 +139,8 @@ def _exchange(
     port.send(probe.frame)
     sent = time.monotonic()
     # The reply's first byte is due a turnaround after the request's last one.
-    raw = port.read(MAX_HEARD, sent + timing.chars_s(len(probe.frame)) + timeouts.reply_s)
+    reply_s = timeouts.reply_s(probe)
+    raw = port.read(MAX_HEARD, sent + timing.chars_s(len(probe.frame)) + reply_s)
     while raw and not reply_complete(protocol, probe, raw) and len(raw) < MAX_HEARD:
         more = port.read(MAX_HEARD - len(raw), time.monotonic() + timeouts.gap_s)
         if not more:
@@ -141,13 +150,13 @@ def _exchange(
     # The silent interval before the next request (after a timeout the line has been
     # quiet longer): what comes in it, a second unit's reply, was heard in this window too.
     # Past the reply's own length the line must fall quiet within a reply timeout.
-    give_up = time.monotonic() + timeouts.reply_s
+    give_up = time.monotonic() + reply_s
     while raw and len(raw) < MAX_HEARD and time.monotonic() < give_up:
         more = port.read(MAX_HEARD - len(raw), time.monotonic() + timing.silent_s)
         if not more:
             break
         raw += more
-    late = 0 if len(raw) < MAX_HEARD else port.wait_for_quiet(timing.silent_s, timeouts.reply_s)
+    late = 0 if len(raw) < MAX_HEARD else port.wait_for_quiet(timing.silent_s, reply_s)
     return raw, took_s, late
 
 
@@ -159,12 +168,14 @@ def scan(
     profile: Profile | None,
     reply_timeout_s: float | None = None,
     heard: Callable[[Probe, Hearing], None] = lambda probe, hearing: None,
-) -> tuple[SweepResult, float, Timeouts]:
-    """One sweep of `addresses` at `settings` (LinkLost when the port fails)."""
+) -> tuple[SweepResult, float, float]:
+    """One sweep of `addresses` at `settings` (LinkLost when the port fails): its result,
+    how long it took, and the reply timeout a dead address cost."""
     sweep = Sweep(protocol, addresses, settings, profile)
-    timeouts = Timeouts.of(sweep.timing, reply_timeout_s)
+    timeouts = Timeouts(sweep.timing, protocol, reply_timeout_s)
+    dead_s = timeouts.reply_s(sweep.presence(addresses[-1]))
     result, elapsed = sweep_port(url, sweep, timeouts, heard)
-    return result, elapsed, timeouts
+    return result, elapsed, dead_s
 
 
 __all__ = ["LinkLost", "PortBusy", "Timeouts", "check_port_free", "holders", "scan"]

@@ -1,15 +1,16 @@
 """A bus scan's decisions: what to send next, what a reply means, what was found. Pure.
 
-A sweep goes address by address. Each address gets a presence probe (the line protocol's
-`ID`, which also says who the unit is; on Modbus a read of the profile's first register,
-which any unit answers, if only with an exception). What comes back in the reply window is
-heard as an answer, a refusal (the unit is there and says no), silence, garbage, or two
-replies. Silence ends the address at once: a dead address costs one reply timeout. Garbage
-is probed again: garbage every time (or two replies at once) is a collision, two units
-answering at one address; garbage once is noise. A unit found is then asked what it says of
-itself (Modbus: device identification 43/14, else report server id 17) and which of the
-profile's points it answers (the line protocol: `GET POINTS`; Modbus: the profile's reads,
-register by register where a block read is refused).
+A sweep goes address by address. Each address gets a presence probe with a short reply
+(the line protocol's `GET SP`; on Modbus a read of the profile's first register, which any
+unit answers, if only with an exception), so that a dead address costs little. What comes
+back in the reply window is heard as an answer, a refusal (the unit is there and says no),
+silence, garbage, or two replies. Silence ends the address at once: a dead address costs
+one reply timeout. Garbage is probed again: garbage every time (or two replies at once) is
+a collision, two units answering at one address; garbage once is noise. A unit found is
+then asked what it says of itself (the line protocol's `ID`; Modbus: device identification
+43/14, else report server id 17) and which of the profile's points it answers (the line
+protocol: `GET POINTS`; Modbus: the profile's reads, register by register where a block
+read is refused).
 
 The sweep keeps the line's floor too: every request's and reply's line time, a typical
 turnaround and the silent interval, as the line's timing (agent.controller.timing) gives
@@ -160,12 +161,12 @@ class Sweep:
             if not self._addresses:
                 return None
             self._address = self._addresses.popleft()
-            self._queue.append(self._presence(self._address))
+            self._queue.append(self.presence(self._address))
         return self._queue[0]
 
-    def _presence(self, address: int, attempt: int = 1) -> Probe:
+    def presence(self, address: int, attempt: int = 1) -> Probe:
         if self.protocol == "line":
-            return Probe(address, Step.PRESENCE, _line(address, lp.Identify()), attempt)
+            return Probe(address, Step.PRESENCE, _line(address, lp.GetSetpoint()), attempt)
         function, register = self._modbus_points()[0][1:]
         frame = rtu.read_request(address, function, register, 1)
         return Probe(address, Step.PRESENCE, frame, attempt)
@@ -184,7 +185,10 @@ class Sweep:
                 request: lp.Request = lp.GetPoints()
             else:
                 request = lp.GetState()
-            return [Probe(address, Step.POINTS, _line(address, request))]
+            return [
+                Probe(address, Step.DEVICE_ID, _line(address, lp.Identify())),
+                Probe(address, Step.POINTS, _line(address, request)),
+            ]
         probes = [Probe(address, Step.DEVICE_ID, ident.device_id_request(address))]
         points = self._modbus_points()
         if self.profile is not None and self.profile.modbus is not None:
@@ -222,12 +226,9 @@ class Sweep:
         self._heard.append(hearing.heard)
         verdict = judge(self._heard)
         if verdict == "again":
-            self._queue.append(self._presence(probe.address, probe.attempt + 1))
+            self._queue.append(self.presence(probe.address, probe.attempt + 1))
         elif verdict == "present":
-            found = Found(probe.address, reply_s=took_s, noise=noise)
-            if self.protocol == "line" and hearing.heard is Heard.ANSWER:
-                found.identity = hearing.text
-            self._found = found
+            self._found = Found(probe.address, reply_s=took_s, noise=noise)
             self._queue.extend(self._follow_ups(probe.address))
 
     def _follow_up_heard(self, probe: Probe, hearing: Hearing) -> None:
@@ -237,7 +238,7 @@ class Sweep:
         if probe.step is Step.DEVICE_ID:
             if answered:
                 found.identity = hearing.text
-            else:
+            elif self.protocol == "modbus":
                 self._queue.appendleft(
                     Probe(probe.address, Step.SERVER_ID, ident.server_id_request(probe.address))
                 )
@@ -291,6 +292,21 @@ def _line(address: int, request: lp.Request) -> bytes:
 
 
 # --- hearing a reply -------------------------------------------------------------------
+
+
+LONGEST_SETPOINT_REPLY = len(lp.encode_line("@247 SP -100.0"))
+LONGEST_LINE_REPLY = lp.MAX_LINE + len(lp.TERMINATOR)
+LONGEST_RTU_FRAME = 256
+
+
+def longest_reply(protocol: Protocol, probe: Probe) -> int:
+    """The most bytes the probe's reply can take: its line time is part of the wait for the
+    reply (a serial device server may pass a reply on only once it is whole)."""
+    if protocol == "line":
+        return LONGEST_SETPOINT_REPLY if probe.step is Step.PRESENCE else LONGEST_LINE_REPLY
+    if probe.step in (Step.DEVICE_ID, Step.SERVER_ID):
+        return LONGEST_RTU_FRAME
+    return rtu.reply_bytes(probe.frame)
 
 
 def reply_complete(protocol: Protocol, probe: Probe, raw: bytes) -> bool:

@@ -109,19 +109,24 @@ def test_a_sweep_finds_each_unit_and_each_collision_and_a_dead_address_costs_one
 def test_the_floor_is_every_transactions_line_time() -> None:
     settings = Settings(9600)
     sweep = Sweep("line", [1, 2], settings)
-    run(sweep, model_line("line", {2}))
+    line = model_line("line", {2})
+    sent = run(sweep, line)
+    assert [(p.address, p.step) for p in sent] == [
+        (1, Step.PRESENCE),
+        (2, Step.PRESENCE),
+        (2, Step.DEVICE_ID),
+        (2, Step.POINTS),
+    ]
+    assert [p.frame for p in sent[1:]] == [
+        lp.encode_line("@2 GET SP"),
+        lp.encode_line("@2 ID"),
+        lp.encode_line("@2 GET STATE"),
+    ]
     timing = settings.timing()
-    id_request = lp.encode_line("@1 ID")
-    id_reply = model_line("line", {2})(Probe(2, Step.PRESENCE, lp.encode_line("@2 ID")))
-    state_request = lp.encode_line("@2 GET STATE")
-    state_reply = model_line("line", {2})(Probe(2, Step.POINTS, state_request))
-    expected = (
-        timing.transaction_s(len(id_request), 0)
-        + timing.transaction_s(len(id_request), len(id_reply))
-        + timing.transaction_s(len(state_request), len(state_reply))
-    )
+    expected = sum(timing.transaction_s(len(p.frame), len(line(p))) for p in sent)
     assert sweep.result.floor_s == pytest.approx(expected)
     assert sweep.result.found[0].points == ["setPoint", "temperature"]
+    assert sweep.result.found[0].identity == "SIM-TSTAT 1.0.0 SIM0002"
 
 
 def test_a_modbus_unit_that_answers_no_identification_still_counts() -> None:
