@@ -212,3 +212,17 @@ def test_the_devices_file_loads_as_the_agent_reads_it() -> None:
         {"id": "floor3-007", "address": 7, "profile": "sim"},
     ]
     assert profiles == {}
+
+
+def test_a_profile_not_built_in_goes_into_the_devices_file() -> None:
+    definition = {
+        "protocol": "modbus",
+        "points": {
+            "setPoint": {"register": 0, "limits": {"min": 5, "max": 35, "step": 0.5}},
+            "temperature": {"register": 1, "read": 4},
+        },
+    }
+    devices, profiles = read_devices_file(devices_file.render("floor3", [2], "kc", definition))
+    assert devices == [{"id": "floor3-002", "address": 2, "profile": "kc"}]
+    assert profiles["kc"].modbus is not None
+    assert list(profiles["kc"].points) == ["setPoint", "temperature"]
