@@ -210,11 +210,8 @@ class FakeLine:
         self.plug_count = 0
         """How often the line came back after FAULT UNPLUG."""
         now = time.monotonic()
-        self._units: dict[int | None, Unit] = {}
-        for address in chosen:
-            unit_identity = identity
-            if address is not None and identity == DEFAULT_IDENTITY:
-                unit_identity = replace(identity, serial=f"SIM{address:04d}")
+
+        def make_unit(address: int | None, unit_identity: DeviceIdentity) -> Unit:
             core = DeviceCore(
                 now=now,
                 setpoint=setpoint,
@@ -229,27 +226,23 @@ class FakeLine:
             unit.turnaround_s = turnaround_s
             if self.register_map is not None:
                 unit.registers = RegisterView(self.register_map, core)
-            self._units[address] = unit
+            return unit
+
+        self._units: dict[int | None, Unit] = {}
+        for address in chosen:
+            unit_identity = identity
+            if address is not None and identity == DEFAULT_IDENTITY:
+                unit_identity = replace(identity, serial=f"SIM{address:04d}")
+            self._units[address] = make_unit(address, unit_identity)
         self._doubles: dict[int | None, Unit] = {}
+        """A second unit at an address, answering with the first (see collide)."""
         for address in doubled:
             if address not in self._units:
                 raise ValueError(f"doubled address {address} has no unit on this line")
-            first = self._units[address]
-            core = DeviceCore(
-                now=now,
-                setpoint=setpoint,
-                temperature=temperature,
-                limits=limits,
-                time_constant_s=time_constant_s,
-                identity=replace(first.core.identity, serial=f"SIM{address + 5000:04d}"),
-                record_limit=record_limit,
-                profile=profile,
+            first = self._units[address].core.identity
+            self._doubles[address] = make_unit(
+                address, replace(first, serial=f"SIM{address + 5000:04d}")
             )
-            double = Unit(self, address, core)
-            double.turnaround_s = turnaround_s
-            if first.registers is not None:
-                double.registers = RegisterView(first.registers.map, core)
-            self._doubles[address] = double
         for address in silent:
             if address not in self._units:
                 raise ValueError(f"silent address {address} has no unit on this line")
