@@ -20,8 +20,9 @@ unless the line is paused (`agent pause LINE`); without a store to ask, --no-sto
 refuses a local port that another process has open or locked, or that an agent on this
 gateway has claimed (unless the store says the line is paused).
 
-Exit codes: 0 units found, 1 none found, 2 usage, 4 the store cannot be reached, 5 units
-found and a collision, 8 the line is driven by an agent, 9 the port is in use.
+Exit codes: 0 units found, 1 none found, 2 usage, 4 the store or the port cannot be
+reached, 5 units found and a collision, 8 the line is driven by an agent, 9 the port is in
+use.
 """
 
 from __future__ import annotations
@@ -249,6 +250,9 @@ def run(args: argparse.Namespace) -> int:
     except PortBusy as exc:
         print(f"{NAME}: {exc}", file=sys.stderr)
         return EXIT_PORT_BUSY
+    except LinkLost as exc:
+        print(f"{NAME}: {exc}", file=sys.stderr)
+        return EXIT_CONNECTION
     finally:
         if claim is not None:
             claim.release()

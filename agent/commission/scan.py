@@ -12,12 +12,10 @@ import contextlib
 import fcntl
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.commission.sweep import (
-    Hearing,
     Probe,
     Protocol,
     Settings,
@@ -81,7 +79,8 @@ def holders(path: str) -> list[int]:
 
 def check_port_free(url: str) -> None:
     """PortBusy when another process has the local port open or flock()ed (as the agent
-    and pyserial's exclusive open do). A URL (socket://, rfc2217://) has neither."""
+    and pyserial's exclusive open do); LinkLost when it cannot be opened. A URL
+    (socket://, rfc2217://) has neither."""
     if not is_device_path(url):
         return
     # A pseudo-terminal's far end keeps it open by design: only its lock tells.
@@ -94,7 +93,7 @@ def check_port_free(url: str) -> None:
     try:
         fd = os.open(url, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise PortBusy(f"cannot open {url}: {exc.strerror}") from None
+        raise LinkLost(f"cannot open {url}: {exc.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -107,7 +106,6 @@ def sweep_port(
     url: str,
     sweep: Sweep,
     timeouts: Timeouts,
-    heard: Callable[[Probe, Hearing], None] = lambda probe, hearing: None,
 ) -> tuple[SweepResult, float]:
     """Runs the sweep on the port at its settings: its result and how long it took."""
     settings = sweep.result.settings
@@ -126,7 +124,7 @@ def sweep_port(
         port.wait_for_quiet(timing.silent_s, 2 * timing.silent_s + timeouts.gap_s)
         while (probe := sweep.next_probe()) is not None:
             raw, took_s, late = _exchange(port, probe, sweep.protocol, timing, timeouts)
-            heard(probe, sweep.record(probe, raw, took_s, late))
+            sweep.record(probe, raw, took_s, late)
     finally:
         port.close()
     return sweep.result, time.monotonic() - started
@@ -167,14 +165,13 @@ def scan(
     settings: Settings,
     profile: Profile | None,
     reply_timeout_s: float | None = None,
-    heard: Callable[[Probe, Hearing], None] = lambda probe, hearing: None,
 ) -> tuple[SweepResult, float, float]:
     """One sweep of `addresses` at `settings` (LinkLost when the port fails): its result,
     how long it took, and the reply timeout a dead address cost."""
     sweep = Sweep(protocol, addresses, settings, profile)
     timeouts = Timeouts(sweep.timing, protocol, reply_timeout_s)
     dead_s = timeouts.reply_s(sweep.presence(addresses[-1]))
-    result, elapsed = sweep_port(url, sweep, timeouts, heard)
+    result, elapsed = sweep_port(url, sweep, timeouts)
     return result, elapsed, dead_s
 
 

@@ -173,6 +173,12 @@ def test_without_the_store_the_scan_says_so(rig: ScanRig) -> None:
     assert usage.returncode == 2 and "--no-store" in usage.stderr
 
 
+def test_a_port_that_cannot_be_opened_is_said(tmp_path: Path) -> None:
+    result = agent("scan", str(tmp_path / "ttyUSB9"), "--no-store", "--lock-dir", str(tmp_path))
+    assert result.returncode == 4 and "cannot open" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_a_process_that_has_a_file_open_is_found(tmp_path: Path) -> None:
     device = tmp_path / "ttyUSB0"
     device.write_bytes(b"")
