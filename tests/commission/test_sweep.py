@@ -20,6 +20,7 @@ from agent.commission.sweep import (
     Sweep,
     hear,
     judge,
+    reply_complete,
 )
 from agent.config.profiles import read_devices_file
 from agent.controller import line_protocol as lp
@@ -226,3 +227,21 @@ def test_a_profile_not_built_in_goes_into_the_devices_file() -> None:
     assert devices == [{"id": "floor3-002", "address": 2, "profile": "kc"}]
     assert profiles["kc"].modbus is not None
     assert list(profiles["kc"].points) == ["setPoint", "temperature"]
+
+
+@given(
+    protocol=st.sampled_from(["line", "modbus"]),
+    step=st.sampled_from(list(Step)),
+    raw=st.binary(max_size=300),
+)
+def test_any_bytes_are_heard_as_something_never_an_error(
+    protocol: Protocol, step: Step, raw: bytes
+) -> None:
+    frame = lp.encode_line("@3 GET SP") if protocol == "line" else rtu.read_request(3, 3, 0, 1)
+    if protocol == "modbus" and step is Step.DEVICE_ID:
+        frame = ident.device_id_request(3)
+    elif protocol == "modbus" and step is Step.SERVER_ID:
+        frame = ident.server_id_request(3)
+    probe = Probe(3, step, frame)
+    assert hear(protocol, probe, raw).heard in Heard
+    assert reply_complete(protocol, probe, raw) in (True, False)
