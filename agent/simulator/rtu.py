@@ -291,13 +291,11 @@ class RegisterView:
         return with_crc(bytes((request.address, request.function, len(data))) + data)
 
     def _server_id(self, request: RtuRequest) -> bytes:
-        """Function 17: the model as the server id, the run indicator on, then the firmware
-        and the serial number."""
+        """Function 17: the model, the firmware and the serial number as the server id, then
+        the run indicator, on (last, where clients such as pymodbus read it)."""
         ident = self.core.identity
-        data = (
-            ident.model.encode()
-            + bytes((RUN_INDICATOR_ON,))
-            + f"{ident.firmware} {ident.serial}".encode()
+        data = f"{ident.model} {ident.firmware} {ident.serial}".encode() + bytes(
+            (RUN_INDICATOR_ON,)
         )
         return with_crc(bytes((request.address, REPORT_SERVER_ID, len(data))) + data)
 

@@ -164,7 +164,7 @@ def test_a_unit_says_what_it_is_in_either_function() -> None:
     objects = ident.parse_device_id(asked, answer(registers, asked))
     assert objects == {0: "ACME", 1: "ACME-T2", 2: "2.1 SN42"}
     asked = ident.server_id_request(1)
-    assert ident.parse_server_id(asked, answer(registers, asked)) == "ACME-T2 (running) 2.1 SN42"
+    assert ident.parse_server_id(asked, answer(registers, asked)) == "ACME-T2 2.1 SN42 (running)"
 
 
 def test_a_full_register_map() -> None:
