@@ -116,7 +116,7 @@ def plan(args: argparse.Namespace) -> Plan:
     """The scan the arguments ask for (UsageError saying what is wrong)."""
     protocol: Protocol = args.protocol
     try:
-        addresses = lp.parse_addresses(args.addresses)
+        addresses = sorted(lp.parse_addresses(args.addresses))
     except ValueError as exc:
         raise UsageError(f"--addresses: {exc}") from None
     bauds = _list(args.baud or ("19200" if protocol == "modbus" else "9600"), "--baud")
