@@ -84,7 +84,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--profiles-file", type=Path, help="where --profile is defined, if not built in"
     )
-    parser.add_argument("--line-id", help="the line (its lock is checked; the devices' ids)")
+    parser.add_argument(
+        "--line-id",
+        dest="line",  # as the other commands name it: its env file gives the connection
+        help="the line (its lock is checked; the devices' ids)",
+    )
     parser.add_argument("--output", type=Path, metavar="FILE", help="write the devices file")
     parser.add_argument(
         "--reply-timeout-ms", type=float, metavar="MS", help="the wait for a reply's first byte"
@@ -134,14 +138,14 @@ def plan(args: argparse.Namespace) -> Plan:
     settings = [Settings(b, p) for b, p in itertools.product(rates, parities)]
     if args.reply_timeout_ms is not None and not args.reply_timeout_ms > 0:
         raise UsageError("--reply-timeout-ms must be > 0")
-    if args.line_id is not None:
+    if args.line is not None:
         try:
-            check_id(args.line_id)
+            check_id(args.line)
         except ValueError as exc:
             raise UsageError(f"--line-id: {exc}") from None
     elif not args.no_store:
         raise UsageError("--line-id names the line whose lock is checked (or --no-store)")
-    if args.output is not None and args.line_id is None:
+    if args.output is not None and args.line is None:
         raise UsageError("--output needs --line-id: the devices' ids are named after the line")
     profile, definition = _profile(args, protocol)
     timeout = None if args.reply_timeout_ms is None else args.reply_timeout_ms / 1000
@@ -228,12 +232,12 @@ def run(args: argparse.Namespace) -> int:
         def check() -> None:
             checked.append(plan(args))
 
-        code = run_one_shot(args, NAME, lambda c: read_line(c, args.line_id, state), check)
+        code = run_one_shot(args, NAME, lambda c: read_line(c, args.line, state), check)
         if code != EXIT_OK:
             return code
         wanted = checked[0]
         if state.paused is not None:
-            print(f"line {args.line_id} is paused ({state.paused}): scanning it")
+            print(f"line {args.line} is paused ({state.paused}): scanning it")
     claim = PortClaim(args.url, args.lock_dir) if is_device_path(args.url) else None
     try:
         if claim is not None:
@@ -333,13 +337,13 @@ def _unit_line(found: Found, profile: Profile | None) -> str:
 def _write(args: argparse.Namespace, wanted: Plan, result: SweepResult) -> None:
     addresses = [f.address for f in result.found]
     profile = None if wanted.profile is None else args.profile
-    text = devices_file.render(args.line_id, addresses, profile, wanted.definition)
+    text = devices_file.render(args.line, addresses, profile, wanted.definition)
     temporary = args.output.with_name(args.output.name + ".tmp")
     temporary.write_text(text)
     temporary.replace(args.output)
     setting = result.settings
     print(
-        f"wrote {args.output}: {len(addresses)} devices on line {args.line_id}"
+        f"wrote {args.output}: {len(addresses)} devices on line {args.line}"
         + (f", profile {profile}" if profile else "")
         + f"; with AGENT_SERIAL__DRIVER={wanted.protocol} AGENT_SERIAL__BAUDRATE="
         f"{setting.baudrate} AGENT_SERIAL__PARITY={setting.parity}"
