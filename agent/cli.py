@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "forget": "agent.ops.forget_cli",
     "watch": "agent.ops.watch_cli",
     "reload": "agent.runtime.reloading",
+    "scan": "agent.commission.cli",
 }
 
 EXIT_USAGE = 2

@@ -39,6 +39,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "sync": BASE | {"client", "controller"},
     "pair": BASE | {"client"},
     "ops": BASE | {"client", "controller", "sync"},
+    "commission": BASE | {"client", "controller", "ops"},
     "runtime": BASE
     | {"client", "controller", "line", "simulator", "emulator", "sync", "pair", "ops"},
     "cli": {"runtime"},

@@ -212,6 +212,25 @@ def check_address(address: int) -> int:
     return address
 
 
+def parse_addresses(text: str) -> list[int]:
+    """Addresses as a person lists them: `1-10,40,200-247` (ranges inclusive), in order,
+    each once. ValueError saying what is wrong."""
+    chosen: dict[int, None] = {}
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first = int(low)
+            last = int(high) if dash else first
+        except ValueError:
+            shown = part.strip()
+            raise ValueError(f"{shown!r} is not an address or a range such as 1-247") from None
+        if first > last:
+            raise ValueError(f"{part.strip()!r}: the range ends before it starts")
+        for address in range(check_address(first), check_address(last) + 1):
+            chosen[address] = None
+    return list(chosen)
+
+
 # --- numbers ---------------------------------------------------------------------------
 
 

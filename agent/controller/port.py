@@ -70,6 +70,12 @@ class SerialPort:
         except PORT_ERRORS as exc:
             raise LinkLost(f"cannot open {self.url}: {exc}") from exc
         sock = getattr(self._port, "_socket", None)
+        if sock is not None:
+            # A request goes out at once: with Nagle's algorithm, one sent after a request
+            # that got no reply waits for that one's delayed ACK (up to 40 ms), longer than
+            # a short reply timeout.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.rfc2217 and sock is not None:
             sock.settimeout(WRITE_TIMEOUT_S)  # its reader thread takes a timeout in stride
         log.debug("opened %s", self.url)

@@ -57,6 +57,26 @@ def register(subparsers: Any) -> None:
         "own '@<n> ' prefix",
     )
     parser.add_argument(
+        "--addresses",
+        metavar="LIST",
+        type=_addresses,
+        help="the units' addresses instead of 1..N: e.g. 3,7,20-40 (a multi-drop line)",
+    )
+    parser.add_argument(
+        "--doubled",
+        metavar="LIST",
+        type=_addresses,
+        default=[],
+        help="addresses where a second unit answers too, at once: a collision (garbage)",
+    )
+    parser.add_argument(
+        "--silent",
+        metavar="LIST",
+        type=_addresses,
+        default=[],
+        help="addresses whose unit never answers (a dead unit)",
+    )
+    parser.add_argument(
         "--modbus",
         action="store_true",
         help="the units speak Modbus RTU (unit ids 1..N, default 1 unit) with the Modbus "
@@ -145,6 +165,13 @@ def _units(text: str) -> int:
     return units
 
 
+def _addresses(text: str) -> list[int]:
+    try:
+        return lp.parse_addresses(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -164,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if args.units is not None and args.addresses is not None:
+            raise ValueError("give --units or --addresses, not both")
         limits = Limits(*args.limits)
         if args.emulate_baud is not None and args.emulate_baud <= 0:
             raise ValueError(f"--emulate-baud must be > 0, not {args.emulate_baud}")
@@ -174,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return asyncio.run(_serve(args, limits))
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # a port taken; a doubled or silent address amiss
         print(f"agent sim-device: {exc}", file=sys.stderr)
         return 1
 
@@ -197,10 +226,18 @@ async def _serve(args: argparse.Namespace, limits: Limits) -> int:
         "turnaround_s": args.turnaround_ms / 1000,
     }
     device: FakeLine
-    if args.units is None and not args.modbus:
+    if args.units is None and args.addresses is None and not args.modbus:
         device = FakeDevice(**options)
     else:
-        device = FakeLine(args.units or 1, modbus=args.modbus, **options)
+        units = None if args.addresses is not None else args.units or 1
+        device = FakeLine(
+            units,
+            addresses=args.addresses,
+            modbus=args.modbus,
+            doubled=args.doubled,
+            silent=args.silent,
+            **options,
+        )
     async with device:
         await device.start(
             pty_link=args.pty, tcp_port=tcp, panel_port=args.panel, rfc2217_port=args.rfc2217

@@ -409,6 +409,39 @@ class ReplyDamage(Protocol):
         """The reply as if unit `address` sent it, its checksum made good."""
 
 
+COLLISION_SKEW_BITS = 3
+"""How far behind the first the second of two units answering together starts: a few bit
+times, as two units' turnarounds differ."""
+
+
+def collide(first: bytes, second: bytes, skew_bits: int = COLLISION_SKEW_BITS) -> bytes:
+    """What the master receives when two units at one address answer together: both drive
+    the wire (a driven 0 wins over the idle 1), the second `skew_bits` behind, and the
+    master's UART reads characters out of the sum (8N1 frames: a start bit, eight data bits
+    least significant first, a stop bit). Garbage, as on a real bus, never either reply."""
+
+    def bits(data: bytes, lead: int) -> list[int]:
+        out = [1] * lead
+        for byte in data:
+            out += [0, *((byte >> i) & 1 for i in range(8)), 1]
+        return out
+
+    a, b = bits(first, 0), bits(second, skew_bits)
+    length = max(len(a), len(b))
+    a += [1] * (length - len(a))
+    b += [1] * (length - len(b))
+    wire = [x & y for x, y in zip(a, b, strict=True)]
+    received = bytearray()
+    index = 0
+    while index + 9 < len(wire):
+        if wire[index]:
+            index += 1  # idle: wait for a start bit
+            continue
+        received.append(sum(bit << i for i, bit in enumerate(wire[index + 1 : index + 9])))
+        index += 10
+    return bytes(received)
+
+
 def corrupt(reply: bytes) -> bytes:
     """A reply hit by a bit error: one byte of its text flipped, so its checksum fails."""
     content = reply.rstrip(b"\r\n")

@@ -45,6 +45,7 @@ from agent.simulator.core import (
     Faults,
     PanelSetpoint,
     PanelValue,
+    collide,
     decode_request,
     parse_panel_command,
 )
@@ -158,9 +159,13 @@ class FakeLine:
         record_limit: int = DEFAULT_RECORD_LIMIT,
         turnaround_s: float = DEFAULT_TURNAROUND_S,
         profile: Profile = SIM,
+        doubled: Iterable[int] = (),
+        silent: Iterable[int] = (),
     ) -> None:
         """`units`: N units at addresses 1..N (or give `addresses`); neither: one point-to-
-        point device. `modbus` (or a `register_map`): the units speak Modbus RTU with that
+        point device. `doubled`: addresses where a second unit answers too, both at once (a
+        collision: the master receives garbage); `silent`: addresses whose unit never
+        answers (a dead unit). `modbus` (or a `register_map`): the units speak Modbus RTU with that
         map (default: the Modbus driver's), each at its address as unit id. With
         `emulate_baud`, every unit takes `turnaround_s` before it answers (each unit's
         `turnaround_s` may be set apart). `profile`: how the units' points appear on the
@@ -205,11 +210,8 @@ class FakeLine:
         self.plug_count = 0
         """How often the line came back after FAULT UNPLUG."""
         now = time.monotonic()
-        self._units: dict[int | None, Unit] = {}
-        for address in chosen:
-            unit_identity = identity
-            if address is not None and identity == DEFAULT_IDENTITY:
-                unit_identity = replace(identity, serial=f"SIM{address:04d}")
+
+        def make_unit(address: int | None, unit_identity: DeviceIdentity) -> Unit:
             core = DeviceCore(
                 now=now,
                 setpoint=setpoint,
@@ -224,7 +226,27 @@ class FakeLine:
             unit.turnaround_s = turnaround_s
             if self.register_map is not None:
                 unit.registers = RegisterView(self.register_map, core)
-            self._units[address] = unit
+            return unit
+
+        self._units: dict[int | None, Unit] = {}
+        for address in chosen:
+            unit_identity = identity
+            if address is not None and identity == DEFAULT_IDENTITY:
+                unit_identity = replace(identity, serial=f"SIM{address:04d}")
+            self._units[address] = make_unit(address, unit_identity)
+        self._doubles: dict[int | None, Unit] = {}
+        """A second unit at an address, answering with the first (see collide)."""
+        for address in doubled:
+            if address not in self._units:
+                raise ValueError(f"doubled address {address} has no unit on this line")
+            first = self._units[address].core.identity
+            self._doubles[address] = make_unit(
+                address, replace(first, serial=f"SIM{address + 5000:04d}")
+            )
+        for address in silent:
+            if address not in self._units:
+                raise ValueError(f"silent address {address} has no unit on this line")
+            self._units[address].faults.silent_until = float("inf")
         self._records: deque[RequestRecord] = deque(maxlen=record_limit)
         self._medium = asyncio.Lock()
         self._sleeper = PreciseSleeper("fake-line-clock")
@@ -392,6 +414,9 @@ class FakeLine:
         ):
             damage = self.wire.damage
             reply = unit.faults.mangle(self.wire.answer(unit, incoming, now, channel), damage)
+            double = self._doubles.get(incoming.address)
+            if double is not None:
+                reply = collide(reply, self.wire.answer(double, incoming, now, channel))
             reply = line_faults.mangle(reply, damage)
             slow = unit.faults.slow_s + line_faults.slow_s
             if incoming.kind in WRITE_KINDS or incoming.kind.startswith("SET "):

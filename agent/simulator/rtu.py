@@ -5,9 +5,10 @@ Pure: no I/O, times are passed in. The fake serves RTU itself, apart from the dr
 codec (agent.controller.modbus_rtu), so that each checks the other; the tests check both
 against pymodbus too.
 Functions served: 3 and 4 (read holding / input registers: the same registers), 6 and 16
-(write the set point register); the registers of the unit's profile (agent.controller.
-sim_profile's by default: 2..7 beside the map's 0 and 1), each written with its point's own
-write function only; every other register is read-only.
+(write the set point register), 17 (report server id) and 43/14 (read device identification,
+the basic objects: vendor, product code, revision); the registers of the unit's profile
+(agent.controller.sim_profile's by default: 2..7 beside the map's 0 and 1), each written
+with its point's own write function only; every other register is read-only.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ DEVICE_FAILURE = 4
 
 MAX_READ = 125
 MAX_WRITE = 123
+REPORT_SERVER_ID = 17
+ENCAPSULATED = 43
+READ_DEVICE_ID = 14
+RUN_INDICATOR_ON = 0xFF
 
 _KINDS = {
     READ_HOLDING: "READ HOLDING",
@@ -265,6 +270,10 @@ class RegisterView:
                 return self._read(request, now)
             if function in (WRITE_SINGLE, WRITE_MULTIPLE):
                 return self._write(request, now, channel)
+            if function == REPORT_SERVER_ID:
+                return self._server_id(request)
+            if function == ENCAPSULATED:
+                return self._device_id(request)
         except (InvalidSetpoint, ControllerError):
             # A value the map cannot hold (say, a negative temperature, unsigned).
             return exception_reply(address, function, DEVICE_FAILURE)
@@ -280,6 +289,29 @@ class RegisterView:
             return exception_reply(request.address, request.function, ILLEGAL_ADDRESS)
         data = b"".join(value.to_bytes(2, "big") for value in raw)
         return with_crc(bytes((request.address, request.function, len(data))) + data)
+
+    def _server_id(self, request: RtuRequest) -> bytes:
+        """Function 17: the model, the firmware and the serial number as the server id, then
+        the run indicator, on (last, where clients such as pymodbus read it)."""
+        ident = self.core.identity
+        data = f"{ident.model} {ident.firmware} {ident.serial}".encode() + bytes(
+            (RUN_INDICATOR_ON,)
+        )
+        return with_crc(bytes((request.address, REPORT_SERVER_ID, len(data))) + data)
+
+    def _device_id(self, request: RtuRequest) -> bytes:
+        """Function 43/14, read device identification: the basic objects (0 vendor, 1
+        product code, 2 revision) in one reply, whatever object the request starts at."""
+        frame = request.frame
+        if len(frame) != 7 or frame[2] != READ_DEVICE_ID or frame[3] not in (1, 4):
+            return exception_reply(request.address, request.function, ILLEGAL_VALUE)
+        ident = self.core.identity
+        objects = (ident.model.split("-")[0], ident.model, f"{ident.firmware} {ident.serial}")
+        body = bytes((request.address, ENCAPSULATED, READ_DEVICE_ID, frame[3], 0x01, 0, 0, 3))
+        for object_id, text in enumerate(objects):
+            value = text.encode()
+            body += bytes((object_id, len(value))) + value
+        return with_crc(body)
 
     def _write(self, request: RtuRequest, now: float, channel: str) -> bytes:
         point = self.written_point(request.start)

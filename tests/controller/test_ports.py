@@ -66,3 +66,23 @@ async def test_read_write_and_read_back_on_every_kind_of_port(line: FakeLine, ki
 def threading_wait(driver: Driver) -> None:
     """The silent interval the bus keeps between two transactions."""
     threading.Event().wait(driver.timing.silent_s)
+
+
+@pytest.mark.parametrize("kind", ["socket", "rfc2217"])
+async def test_a_serial_device_servers_socket_sends_each_request_at_once(
+    line: FakeLine, kind: str
+) -> None:
+    """No Nagle: a request after one that got no reply must not wait for that one's
+    delayed ACK (up to 40 ms, longer than a short reply timeout)."""
+    import socket
+
+    from agent.controller.driver import LinkStats
+    from agent.controller.port import SerialPort
+
+    port = SerialPort(url_of(line, kind), LinkStats(), baudrate=19200)
+    await asyncio.to_thread(port.open)
+    try:
+        sock = port._port._socket  # type: ignore[union-attr]
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        port.close()

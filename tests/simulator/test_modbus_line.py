@@ -215,3 +215,19 @@ async def test_a_frame_glued_to_the_last_one_is_a_framing_error_and_a_unit_takes
         writer.close()
     finally:
         await line.stop()
+
+
+async def test_a_unit_identifies_itself_to_pymodbus(url: str) -> None:
+    """Functions 43/14 (read device identification) and 17 (report server id), as
+    pymodbus's client asks and reads them."""
+
+    def ask(client: Any) -> tuple[dict[int, bytes], bytes, int]:
+        device = client.read_device_information(read_code=1, object_id=0, device_id=2)
+        server = client.report_device_id(device_id=2)
+        assert not device.isError() and not server.isError()
+        return device.information, server.identifier, server.status
+
+    information, identifier, running = await with_client(url, ask)
+    assert information == {0: b"SIM", 1: b"SIM-TSTAT", 2: b"1.0.0 SIM0002"}
+    assert identifier == b"SIM-TSTAT 1.0.0 SIM0002"
+    assert running

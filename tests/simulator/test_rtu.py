@@ -145,13 +145,26 @@ def test_writes_store_the_setpoint_and_echo() -> None:
         (write(1, 1, 100), ILLEGAL_ADDRESS),  # the temperature is read-only
         (write(1, 0, 400), ILLEGAL_VALUE),  # 40.0 is over the limits
         (write_multiple(1, 0, [215, 200]), ILLEGAL_ADDRESS),
-        (with_crc(bytes((1, 0x11))), ILLEGAL_FUNCTION),
+        (with_crc(bytes((1, 0x07))), ILLEGAL_FUNCTION),  # read exception status: not kept
+        (with_crc(bytes((1, 43, 14, 3, 0))), ILLEGAL_VALUE),  # a specific object: not kept
     ],
 )
 def test_refusals_are_exception_replies(frame: bytes, code: int) -> None:
     registers = view()
     assert answer(registers, frame) == exception_reply(1, frame[1], code)
     assert registers.core.model.setpoint == 20.0
+
+
+def test_a_unit_says_what_it_is_in_either_function() -> None:
+    from agent.controller import modbus_ident as ident
+    from agent.controller.interface import DeviceIdentity
+
+    registers = view(identity=DeviceIdentity("ACME-T2", "2.1", "SN42"))
+    asked = ident.device_id_request(1)
+    objects = ident.parse_device_id(asked, answer(registers, asked))
+    assert objects == {0: "ACME", 1: "ACME-T2", 2: "2.1 SN42"}
+    asked = ident.server_id_request(1)
+    assert ident.parse_server_id(asked, answer(registers, asked)) == "ACME-T2 2.1 SN42 (running)"
 
 
 def test_a_full_register_map() -> None:
