@@ -43,11 +43,11 @@ _CATCH_UP_RETRY_MIN_S = 0.5
 _CATCH_UP_RETRY_MAX_S = 30.0
 _CATCH_UP_IN_FLIGHT = 8
 """Keys caught up at once after a reconnect (each a KEYNOTIFY, then a GET)."""
-_WATCH_IN_FLIGHT = 64
-"""Requests of `observe` in flight at once, whoever calls it: a start watches every key
-of its line together, over a slow link in a few round trips rather than two per key, and
-stays below the session's in-flight window (99 on the service), so that a renewal of the
-lock sent meanwhile never waits for room in it."""
+_BULK_IN_FLIGHT = 64
+"""Requests sent many at once (`observe`, and whoever holds `bulk`) in flight together: a
+start watches every key of its line together, a takeover fences them, over a slow link in a
+few round trips rather than two per key, and stays below the session's in-flight window (99
+on the service), so that a renewal of the lock sent meanwhile never waits for room in it."""
 
 
 class Condition(Enum):
@@ -126,7 +126,8 @@ class StateStoreClient:
         self._resync_task: asyncio.Task[None] | None = None
         self._started = False
         self._responses_subscribed = False
-        self._watching = asyncio.Semaphore(_WATCH_IN_FLIGHT)
+        self.bulk = asyncio.Semaphore(_BULK_IN_FLIGHT)
+        """Held by each of many requests sent at once (see _BULK_IN_FLIGHT)."""
         self.requests = Tally(REQUEST_BOUNDS_S)
         """Requests by (command, result: ok, timeout, error); their latency by command."""
         self.answered_at: float | None = None
@@ -249,15 +250,15 @@ class StateStoreClient:
         synthetic changes (the notifications themselves are lost by the service).
 
         Many keys may be observed at once (a few dozen requests in flight, see
-        _WATCH_IN_FLIGHT): each key's GET is sent once its KEYNOTIFY is answered, so that no
+        _BULK_IN_FLIGHT): each key's GET is sent once its KEYNOTIFY is answered, so that no
         change between the two is missed whatever order the service handles requests in.
         """
         raw = _bytes(key)
         self._observed[raw] = handler
         self._delivered_since[raw] = None
-        async with self._watching:
+        async with self.bulk:
             registered = await self._keynotify(raw, stop=False, timeout=timeout)
-        async with self._watching:
+        async with self.bulk:
             value, version = await self.get(raw, timeout=timeout)
         seen = self._seen.get(raw)
         if seen is None or _newer(version, seen.version):

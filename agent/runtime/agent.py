@@ -554,10 +554,10 @@ class Agent:
         if self.session is None or not self.session.connected:
             return
         s = self.settings
-        messages: list[tuple[str, telemetry.Snapshot | telemetry.LineSnapshot]] = [
-            (s.telemetry_topic(name), self.snapshot(name)) for name in self.devices
-        ]
-        messages.append((s.telemetry_line_topic, self.line_snapshot()))
+        # The line's first: it says whether this instance can take over at all.
+        line: telemetry.Snapshot | telemetry.LineSnapshot = self.line_snapshot()
+        messages = [(s.telemetry_line_topic, line)]
+        messages += [(s.telemetry_topic(name), self.snapshot(name)) for name in self.devices]
         await telemetry.publish(self.session, messages, interval_s=s.telemetry.interval_s)
 
     def snapshot(self, device_id: str) -> telemetry.Snapshot:

@@ -89,24 +89,31 @@ def iso_time(epoch_s: float | None) -> str | None:
     return stamp.replace("+00:00", "Z")
 
 
+TELEMETRY_IN_FLIGHT = 8
+"""Telemetry messages waiting for their acknowledgement at once."""
+
+
 async def publish(
     session: Session, messages: list[tuple[str, Snapshot | LineSnapshot]], *, interval_s: float
 ) -> None:
     """Publishes each snapshot on its topic, each valid for three intervals, all at once:
     over a slow link, one after the other, the first whose acknowledgement took longer than
-    an interval held back the rest (the line's own, last, was never sent)."""
+    an interval held back the rest (the line's own, last, was never sent). A few at a time
+    (TELEMETRY_IN_FLIGHT): the session's window is shared with the lease's renewals."""
+    in_flight = asyncio.Semaphore(TELEMETRY_IN_FLIGHT)
 
     async def one(topic: str, snapshot: Snapshot | LineSnapshot) -> None:
         payload, properties = build(snapshot)
-        await session.publish(
-            topic,
-            payload,
-            qos=1,
-            content_type=CONTENT_TYPE,
-            message_expiry_interval=max(1, math.ceil(interval_s * 3)),
-            user_properties=properties,
-            timeout=max(1.0, interval_s),
-        )
+        async with in_flight:
+            await session.publish(
+                topic,
+                payload,
+                qos=1,
+                content_type=CONTENT_TYPE,
+                message_expiry_interval=max(1, math.ceil(interval_s * 3)),
+                user_properties=properties,
+                timeout=max(1.0, interval_s),
+            )
 
     sent = await asyncio.gather(*(one(t, s) for t, s in messages), return_exceptions=True)
     for result in sent:

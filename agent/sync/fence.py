@@ -26,19 +26,23 @@ async def fence(
 ) -> tuple[bytes | None, Hlc | None]:
     """The key's value and version, written back with the lock's token only if it is still
     that value (NEX). `writing` names the write for a refusal (store_errors)."""
-    value, version = await client.get(key)
+    # A takeover fences every key at once: in bulk, so that its renewals keep room.
+    async with client.bulk:
+        value, version = await client.get(key)
     for _ in range(ATTEMPTS):
         if value is None:
             break
         try:
-            fenced = await lock.fenced_set(key, value, condition=Condition.NEX)
+            async with client.bulk:
+                fenced = await lock.fenced_set(key, value, condition=Condition.NEX)
         except NotAuthorized as exc:
             errors.failed(exc, key, writing)
             break
         if fenced.applied:
             errors.allowed(key)
             break
-        value, version = await client.get(key)  # written meanwhile: once more
+        async with client.bulk:
+            value, version = await client.get(key)  # written meanwhile: once more
     return value, version
 
 

@@ -31,6 +31,7 @@ from tests.bench.bench_failover import granted
 from tests.soak.world import ACTIVE, POINTS, SET_POINT, World, wait_until
 
 STANDBY = re.compile(r"started as standby")
+STEPPED_DOWN = re.compile(r"stepped down to standby")
 START_BOUND_S = 1.5
 START_ROUND_TRIPS = 6
 TAKEOVER_ROUND_TRIPS = 1.5
@@ -48,8 +49,9 @@ def slow_link_env(one_way_s: float) -> dict[str, str]:
 
 def one_run(
     units: int, points: tuple[str, ...], one_way_s: float, ttl_ms: int
-) -> tuple[float | None, float | None, float | None]:
-    """(start, takeover, driving) in seconds, None for one that never came."""
+) -> tuple[float | None, float | None, float | None, bool]:
+    """(start, takeover, driving) in seconds, None for one that never came, and whether the
+    new active kept its lease a TTL on."""
     ttl_s = ttl_ms / 1000
     round_trip = 2 * one_way_s
     with tempfile.TemporaryDirectory(prefix="bench-start-") as tmp:
@@ -71,7 +73,7 @@ def one_run(
             try:
                 standby.process.wait_for(STANDBY, timeout=limit)
             except TimeoutError:
-                return None, None, None
+                return None, None, None, False
             started = time.monotonic() - began
             active = world.agents["a"]
             active.expected_exit = True
@@ -84,8 +86,13 @@ def one_run(
                 standby.process.wait_for(ACTIVE, timeout=limit)
                 driving: float | None = time.monotonic() - killed
             except TimeoutError:
-                driving = None
-            return started, None if grant is None else grant - killed, driving
+                return started, None if grant is None else grant - killed, None, False
+            try:  # a lease kept past its first renewals, or lost again at once
+                standby.process.wait_for_new(STEPPED_DOWN, timeout=ttl_s + 2 * round_trip)
+                kept = False
+            except TimeoutError:
+                kept = True
+            return started, None if grant is None else grant - killed, driving, kept
         finally:
             world.close()
 
@@ -111,10 +118,11 @@ def main() -> None:
             print(f"\n{units} units, {name}")
             for one_way_s in (float(d) for d in args.delays.split(",")):
                 round_trip = 2 * one_way_s
-                start, takeover, driving = one_run(units, points, one_way_s, args.ttl)
+                start, takeover, driving, kept = one_run(units, points, one_way_s, args.ttl)
                 start_bound = START_BOUND_S + START_ROUND_TRIPS * round_trip
                 takeover_bound = ttl_s + TAKEOVER_ROUND_TRIPS * round_trip
                 driven = "never" if driving is None else f"{driving:5.2f} s"
+                driven += "" if kept or driving is None else " (its lease lost again at once)"
                 print(
                     f"  {one_way_s:3.1f} s one way: start {shown(start, start_bound)}"
                     f"  takeover {shown(takeover, takeover_bound)}  driving {driven}",

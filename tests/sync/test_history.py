@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,9 @@ class StoreAfterTheRemoteChange:
     fenced as it is; every change of the key watched since version 1."""
 
     token = v(9)
+
+    def __init__(self) -> None:
+        self.bulk = asyncio.Semaphore(64)
 
     async def get(self, key: str, **_: Any) -> tuple[bytes | None, Hlc | None]:
         return b"23.0", v(6)

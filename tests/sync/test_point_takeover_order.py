@@ -24,6 +24,7 @@ class HeldFence:
     def __init__(self) -> None:
         self.let_through = asyncio.Event()
         self.fencing = asyncio.Event()
+        self.bulk = asyncio.Semaphore(64)
 
     async def get(self, key: str, **_: Any) -> tuple[bytes | None, Hlc | None]:
         return b"low", Hlc(1_700_000_000_000, 1, "s")
