@@ -27,6 +27,7 @@ class Store:
     """Answers the point's reads (an empty key) and takes its fenced writes."""
 
     token = v(0)
+    bulk = asyncio.Semaphore(64)  # as StateStoreClient: many requests at once (the fences)
 
     async def get(self, key: str) -> tuple[bytes | None, Hlc | None]:
         return None, None
