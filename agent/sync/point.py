@@ -235,8 +235,11 @@ class PointSync:
         reconcile first); False also when the store could not be read."""
         self.controller = controller
         self.reconciled.clear()
+        # A store that went back in time gets the newest value it held back (not fenced
+        # stale, which would make its value look newer than the writes the store lost).
+        restore = self.past.newest_held(self.status.synced, entry)
         try:
-            store_raw, store_version = await self.fence(self.key, "write")
+            store_raw, store_version = await self.fence(self.key, "write", restore)
         except (LockNotHeld, FencingTokenLowerVersion):
             self.serve_unfenced(controller)
             return False
@@ -326,9 +329,11 @@ class PointSync:
         whole_since = self.client.delivered_since(self.key)
         self.past.count(entry, marked_at, store_raw, store_version, whole_since, own=True)
 
-    async def fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
+    async def fence(
+        self, key: str, writing: str, restore: tuple[bytes, Hlc] | None = None
+    ) -> tuple[bytes | None, Hlc | None]:
         """`key` fenced with this instance's token (agent.sync.fence)."""
-        return await fence(self.client, self.lock, self._errors, key, writing)
+        return await fence(self.client, self.lock, self._errors, key, writing, restore)
 
     def serve_unfenced(self, controller: Controller) -> None:
         """Holds the controller without a fence: the lock said the lease was lost before

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+from agent.controller import points
 from agent.controller.interface import PointValue
 from agent.controller.points import Point
 from agent.protocol.hlc import Hlc
@@ -72,6 +73,18 @@ class Recollection:
             entry, marked_at, decisions.parsed(self.point, store_raw), store_version, whole_since
         )
         return entry.published is None or self.published is not None
+
+    def newest_held(self, own: Synced, entry: PointRecord | None) -> tuple[bytes, Hlc] | None:
+        """The newest value the key is known to have held, encoded, with its version: of
+        `own` (this instance's last sync), the record's `entry`, the values seen while
+        standby and the changes delivered. A key older than it went back in time (see
+        agent.sync.fence)."""
+        record = () if entry is None else (entry.synced,)
+        held = [own, *record, *self.seen, *self.history.values()]
+        newest = decisions.newest_held(held)
+        if newest is None or newest.value is None or newest.version is None:
+            return None
+        return points.encode(self.point, newest.value), newest.version
 
     def base(
         self,
