@@ -100,15 +100,8 @@ def test_no_change_is_lost_when_the_store_goes_back_before_a_takeover(
     panel_values = [value for kind, value in before + during if kind == "panel"]
     assume(len(panel_values) == len(set(panel_values)))
     world = World()
-    for kind, value in before:
-        if kind == "remote":
-            world.remote_set(value)
-        elif kind == "panel":
-            world.panel(value)
-        elif not world.active_step(int(value)):
-            break
-    for kind, value in during:
-        (world.remote_set if kind == "remote" else world.panel)(value)
+    world.play(before)
+    world.play(during)
     seen = list(world.store)
     expected = world.controller if world.panel_pending else seen[-1].value
     marker = world.marker(seen, v(0))
