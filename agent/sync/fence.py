@@ -54,12 +54,13 @@ async def fence(
                 assert restore is not None
                 errors.log.warning(
                     "the store went back in time (it lost writes it had acknowledged): %s "
-                    "held %r at version %s, older than %r at version %s it had held; "
-                    "that value is written back",
+                    "held %s at version %s, older than the %s it had held at version %s, "
+                    "which is written back; check the store's durability (its log, its "
+                    "restore from a backup)",
                     key,
-                    value,
+                    value.decode(errors="replace")[:32],
                     version,
-                    restore[0],
+                    restore[0].decode(errors="replace"),
                     restore[1],
                 )
                 return restore[0], fenced.version
