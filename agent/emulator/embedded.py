@@ -8,6 +8,7 @@ import ssl
 from pathlib import Path
 from types import TracebackType
 
+from agent.client.shown import show_key
 from agent.emulator.authn import Authenticator
 from agent.emulator.authz import Access, AuthorizationRules, ClientIdentity
 from agent.emulator.broker import Broker, DisconnectReason
@@ -110,7 +111,9 @@ class EmbeddedStateStore:
         identity = self.broker.identity(client_id) or ClientIdentity(client_id)
         allowed = self._rules.may_access_key(identity, key, access)
         if not allowed:
-            log.info("%s may not %s key %r: no rule grants it", client_id, access.value, key)
+            log.info(
+                "%s may not %s key %s: no rule grants it", client_id, access.value, show_key(key)
+            )
         return allowed
 
     def _client_gone(self, client_id: str, reason: DisconnectReason) -> None:

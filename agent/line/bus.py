@@ -397,11 +397,11 @@ class Bus:
             return None, ControllerUnavailable(f"{self.driver.url}: line lost: {exc}")
         except ControllerUnavailable as exc:
             self._in_doubt(op)
-            self._settle(op, Outcome.TIMEOUT)
+            self._settle(op, Outcome.TIMEOUT, time.monotonic() - started)
             return None, exc
         except ControllerError as exc:
             self._in_doubt(op)
-            self._settle(op, Outcome.ERROR)
+            self._settle(op, Outcome.ERROR, time.monotonic() - started)
             return None, exc
         except Exception as exc:
             # A driver bug or an undocumented library exception: the unit's fault as far

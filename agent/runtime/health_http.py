@@ -27,6 +27,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from agent.config.health import HealthSettings
+
 log = logging.getLogger("agent")
 
 MAX_REQUEST_BYTES = 8192
@@ -66,6 +68,29 @@ def unusable_setting(error: OSError) -> str:
     privileged), else `host` (not an address of this machine, or a name that does not
     resolve)."""
     return "port" if error.errno in (errno.EADDRINUSE, errno.EACCES) else "host"
+
+
+async def start_endpoint(settings: HealthSettings, answer: Answer) -> HealthEndpoint | None:
+    """The endpoint listening as `settings` say; None (said, naming the setting) when it
+    cannot."""
+    assert settings.port is not None
+    endpoint = HealthEndpoint(settings.host, settings.port, answer)
+    try:
+        host, port = await endpoint.start()
+    except OSError as exc:
+        name = unusable_setting(exc)
+        log.error(
+            "invalid setting AGENT_HEALTH__%s (health.%s): the health endpoint cannot "
+            "listen on %s:%d: %s",
+            name.upper(),
+            name,
+            settings.host,
+            settings.port,
+            exc.strerror or exc,
+        )
+        return None
+    log.info("health endpoint at http://%s:%d/health", host, port)
+    return endpoint
 
 
 class HealthEndpoint:

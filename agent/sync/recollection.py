@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from agent.controller import points
 from agent.controller.interface import PointValue
@@ -21,6 +22,17 @@ from agent.sync import decisions
 from agent.sync.decisions import Synced
 from agent.sync.history import StoreHistory
 from agent.sync.record import PointRecord
+
+
+@dataclass(frozen=True, slots=True)
+class StoreReading:
+    """The point's key as read from the store, and the version since which every change of
+    it reached this instance (StateStoreClient.delivered_since)."""
+
+    raw: bytes | None
+    version: Hlc | None
+    whole_since: Hlc | None
+
 
 SEEN_WHILE_STANDBY = 64
 """A point's values kept while standby, newest last (see `decisions.takeover_base`)."""
@@ -51,36 +63,42 @@ class Recollection:
         """While standby: the active's record entry names the publish it counts."""
         self.published = entry.published if entry.published is not None else entry.unanswered
 
-    def count(
-        self,
-        entry: PointRecord | None,
-        marked_at: Hlc | None,
-        store_raw: bytes | None,
-        store_version: Hlc | None,
-        whole_since: Hlc | None,
-        *,
-        own: bool,
+    def take_former_publish(
+        self, entry: PointRecord, marked_at: Hlc | None, store: StoreReading
     ) -> bool:
-        """The publish a record's entry marks (`marked_at`: the record's version), counted as
-        the store's unless it never had it: the former active's at a takeover, or, `own`, our
-        publish in doubt by the record sent behind it, read back (None: not in the store).
+        """At a takeover: the publish the former active's record entry marks (`marked_at`:
+        the record's version) is counted as the store's, unless the store never had it.
         False if the entry marks one the store never had (refused)."""
-        self.own_doubt = own
-        self.published = None
-        if entry is None:
-            return True
-        self.published = self.history.former_publish(
-            entry, marked_at, decisions.parsed(self.point, store_raw), store_version, whole_since
-        )
+        self._take(entry, marked_at, store, own=False)
         return entry.published is None or self.published is not None
 
-    def newest_held(self, own: Synced, entry: PointRecord | None) -> tuple[bytes, Hlc] | None:
+    def take_own_publish(
+        self, entry: PointRecord | None, marked_at: Hlc | None, store: StoreReading
+    ) -> None:
+        """Our publish in doubt, counted as the store's if the record sent behind it,
+        read back (None: not in the store), marks it."""
+        self._take(entry, marked_at, store, own=True)
+
+    def _take(
+        self, entry: PointRecord | None, marked_at: Hlc | None, store: StoreReading, *, own: bool
+    ) -> None:
+        self.own_doubt = own
+        self.published = None
+        if entry is not None:
+            self.published = self.history.former_publish(
+                entry,
+                marked_at,
+                decisions.parsed(self.point, store.raw),
+                store.version,
+                store.whole_since,
+            )
+
+    def newest_held(self, own: Synced) -> tuple[bytes, Hlc] | None:
         """The newest value the key is known to have held, encoded, with its version: of
-        `own` (this instance's last sync), the record's `entry`, the values seen while
-        standby and the changes delivered. A key older than it went back in time (see
-        agent.sync.fence)."""
-        record = () if entry is None else (entry.synced,)
-        held = [own, *record, *self.seen, *self.history.values()]
+        `own` (this instance's last sync, the standby's following the active's records),
+        the values seen while standby and the changes delivered. A key older than it went
+        back in time (see agent.sync.fence)."""
+        held = [own, *self.seen, *self.history.values()]
         newest = decisions.newest_held(held)
         if newest is None or newest.value is None or newest.version is None:
             return None

@@ -113,7 +113,8 @@ def test_one_fsync_answers_every_set_that_arrived_meanwhile(tmp_path: Path) -> N
         started = time.monotonic()
         waiters = [client.send("SET", f"k{index}", "v") for index in range(20)]
         assert [w.get(timeout=10).payload for w in waiters] == [OK] * 20
-        assert time.monotonic() - started < 3 * 0.15
+        # Two fsyncs, not twenty (3 s): the bound leaves a loaded machine a second of slack.
+        assert time.monotonic() - started < 10 * 0.15
     finally:
         client.close()
         assert stop_traced(process, tmp_path) == 0

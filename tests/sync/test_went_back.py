@@ -78,9 +78,9 @@ def test_a_takeover_gives_back_the_newest_value_it_knows_of() -> None:
     past.follow_value(b"21.5", Hlc(1005, 0, "s"))
     past.history.saw(23.5, Hlc(1007, 0, "s"))
     past.history.saw(None, Hlc(1009, 0, "s"))  # a value that did not parse
-    assert past.newest_held(Synced(20.0, Hlc(1001, 0, "s")), None) == (b"23.5", Hlc(1007, 0, "s"))
-    assert past.newest_held(Synced(22.0, Hlc(1008, 0, "s")), None) == (b"22.0", Hlc(1008, 0, "s"))
-    assert Recollection(SET_POINT).newest_held(Synced(), None) is None
+    assert past.newest_held(Synced(20.0, Hlc(1001, 0, "s"))) == (b"23.5", Hlc(1007, 0, "s"))
+    assert past.newest_held(Synced(22.0, Hlc(1008, 0, "s"))) == (b"22.0", Hlc(1008, 0, "s"))
+    assert Recollection(SET_POINT).newest_held(Synced()) is None
     assert StoreHistory().values() == ()
 
 
