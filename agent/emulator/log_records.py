@@ -219,6 +219,19 @@ def _damage(data: bytes, pos: int) -> Damage | None:
     return Damage(pos, size, "bytes after the last whole record that are not one record cut short")
 
 
+def changes(data: bytes) -> list[tuple[int, bytes, StoredEntry | None]]:
+    """Each key written (its entry) or deleted (None) up to the last whole record, with the
+    offset its record starts at: where to cut a log to lose every change from it on."""
+    found: list[tuple[int, bytes, StoredEntry | None]] = []
+    pos = 0
+    while (record := _record_at(data, pos)) is not None:
+        end, change = record
+        if len(change) == 3:
+            found.append((pos, change[1], change[2]))
+        pos = end
+    return found
+
+
 def replay(data: bytes) -> Loaded:
     """The state a log describes, up to its last whole record; what follows is torn or damage."""
     entries: dict[bytes, StoredEntry] = {}

@@ -13,6 +13,8 @@ The store orders changes. The agent remembers the value and store version it las
   first). So when the agent is about to apply a remote change and finds an unsynced
   local change, the local change is written to the store after the remote one, and
   wins on both sides. Whichever reached the store last is what both sides end with.
+- A store that went back in time (a key older than the last sync: it lost writes it had
+  acknowledged) holds no change: the unit's value is published again, and the unit keeps it.
 - A value the agent wrote is never a panel change. Before it writes a remote change to the
   controller the agent records the write as pending (in its sync record too, so that a
   takeover knows it); a write whose answer never came (a timeout, a lost link, a takeover)
@@ -201,7 +203,28 @@ def reconcile(
     if remote_changed:
         assert store_version is not None
         return _apply(store_raw, store_version, controller, rules)
+    if went_back(store_version, synced.version):
+        return PublishToStore(
+            controller,
+            f"the store went back in time: it holds version {store_version}, older than the "
+            f"synced {synced.version}",
+        )
     return Ignore("in sync")
+
+
+def went_back(store_version: Hlc | None, known: Hlc | None) -> bool:
+    """The key holds a version older than one it is known to have had (synced, or seen): the
+    store lost acknowledged writes (restored from a backup, a log that lost its tail). Its
+    value is no change made by anyone, and must not be taken for one."""
+    return store_version is not None and known is not None and store_version < known
+
+
+def newest_held(held: Iterable[Synced]) -> Synced | None:
+    """Of the values a key is known to have held (each with its version), the newest: what a
+    store that went back in time is given back, so that no write it acknowledged and lost
+    looks older than the stale value it holds."""
+    complete = [s for s in held if s.value is not None and s.version is not None]
+    return max(complete, key=lambda s: s.version or Hlc(0, 0, ""), default=None)
 
 
 def base_after_a_lost_race(synced: Synced, read: PointValue) -> Synced:

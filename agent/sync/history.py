@@ -36,6 +36,10 @@ class StoreHistory:
                 self._floor = dropped
         self._values.append(Synced(value, version))
 
+    def values(self) -> tuple[Synced, ...]:
+        """The changes kept, oldest first."""
+        return tuple(self._values)
+
     def reached_store(
         self,
         published: PointValue,

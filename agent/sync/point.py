@@ -332,8 +332,10 @@ class PointSync:
         self.past.take_own_publish(entry, marked_at, store)
 
     async def fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
-        """`key` fenced with this instance's token (agent.sync.fence)."""
-        return await fence(self.client, self.lock, self._errors, key, writing)
+        """`key` fenced with this instance's token (agent.sync.fence); the point's own key
+        gets back the newest value it held if the store went back in time."""
+        restore = self.past.newest_held(self.status.synced) if key == self.key else None
+        return await fence(self.client, self.lock, self._errors, key, writing, restore)
 
     def serve_unfenced(self, controller: Controller) -> None:
         """Holds the controller without a fence: the lock said the lease was lost before
@@ -487,12 +489,8 @@ class PointSync:
         panel change: synced at that write's version from now on."""
         base = decisions.settled(self.status.synced, self.status.pending, controller_value)
         if base != self.status.synced and base.value is not None:
-            self.log.info(
-                "the controller holds %s %s, written by the agent (version %s): synced",
-                self.name,
-                base.value,
-                base.version,
-            )
+            said = "the controller holds %s %s, written by the agent (version %s): synced"
+            self.log.info(said, self.name, base.value, base.version)
             await self._record(base.value, base.version)
 
     async def _carry_out(
@@ -567,12 +565,8 @@ class PointSync:
             self.log.warning("could not apply %s %s: %s", self._what, decision.value, exc)
             return None
         self.status.wrote(status.REMOTE, status.APPLIED, changed_ms=decision.version.wall_ms)
-        self.log.info(
-            "applied remote %s %s to the controller (version %s)",
-            self._what,
-            readback,
-            decision.version,
-        )
+        said = "applied remote %s %s to the controller (version %s)"
+        self.log.info(said, self._what, readback, decision.version)
         await self._record(readback, decision.version)
         if decision.correct_store or not decisions.same(readback, decision.value):
             await self._publish(readback, "the controller keeps a rounded value", status.REMOTE)

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from agent.controller import points
 from agent.controller.interface import PointValue
 from agent.controller.points import Point
 from agent.protocol.hlc import Hlc
@@ -91,6 +92,17 @@ class Recollection:
                 store.version,
                 store.whole_since,
             )
+
+    def newest_held(self, own: Synced) -> tuple[bytes, Hlc] | None:
+        """The newest value the key is known to have held, encoded, with its version: of
+        `own` (this instance's last sync, the standby's following the active's records),
+        the values seen while standby and the changes delivered. A key older than it went
+        back in time (see agent.sync.fence)."""
+        held = [own, *self.seen, *self.history.values()]
+        newest = decisions.newest_held(held)
+        if newest is None or newest.value is None or newest.version is None:
+            return None
+        return points.encode(self.point, newest.value), newest.version
 
     def base(
         self,

@@ -113,6 +113,11 @@ class Checker:
     units: list[UnitEvent] = field(default_factory=list)
     wiped_at: list[float] = field(default_factory=list)
     """When the store forgot its contents."""
+    rolled_back: list[tuple[float, dict[bytes, tuple[bytes | None, list[bytes]]]]] = field(
+        default_factory=list
+    )
+    """When the store went back in time (it lost its last writes, acknowledged ones among
+    them): by key, what it held after (None: nothing) and the values it lost."""
     violations: list[Violation] = field(default_factory=list)
     checked: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     """What each check looked at, for the summary."""
@@ -275,6 +280,14 @@ class Checker:
             for address in self.device_of:
                 for point in self.points:
                     by_point[(address, point)].append((wiped, "wipe", None))
+        for rolled_at, rolled in self.rolled_back:
+            for key, (held, lost) in rolled.items():
+                found = keys.get(key)
+                if found is not None:
+                    parsed = [_parse(found[1], value) for value in lost]
+                    by_point[found].append(
+                        (rolled_at, "rollback", (_parse(found[1], held), parsed))
+                    )
         for line_event in self.line:
             if line_event.address is not None and line_event.kind in READS:
                 for point in line_event.points or self.points:
@@ -321,6 +334,10 @@ class Checker:
         # once it forgot its contents): an agent publishes to it only if it is still empty.
         empty_since = True
         last_read = float("-inf")
+        lost_by_store: list[Any] = []  # values the store lost when it went back in time
+        # What the unit held, synced, when the store went back to an older value, and that
+        # older value: until the store changes again, never written over the synced one.
+        stale: tuple[Any, Any] | None = None
         for at, kind, value in events:
             if kind == "read":
                 last_read = at
@@ -332,6 +349,15 @@ class Checker:
                 if pending_remote is not None and _same(value, pending_remote[1]):
                     pending_remote = None  # the unit holds the remote change's value now
             elif kind == "write":
+                if stale is not None and _same(value, stale[1]) and _same(controller, stale[0]):
+                    self.lost += 1
+                    self._violate(
+                        "synced change lost",
+                        at,
+                        f"{device}: {value}, which the store went back to, written over the "
+                        f"synced {controller}",
+                    )
+                stale = None
                 if unpublished is not None and not _same(value, unpublished[1]):
                     if unpublished[0] < last_read:
                         self.lost += 1
@@ -370,10 +396,12 @@ class Checker:
                     # The value the store holds, written back (a new active fencing the key
                     # with its token): nothing changes, a pending remote change stays pending.
                     continue
+                stale = None
                 earlier = [i for i, v in enumerate(superseded) if _same(value, v)]
                 explained = (
                     (unpublished is not None and _same(value, unpublished[1]))
                     or bool(earlier)
+                    or any(_same(value, v) for v in lost_by_store)  # given back to the store
                     or store_holds is None  # the store had lost it: published again
                     or (
                         controller is not None
@@ -397,6 +425,7 @@ class Checker:
                 store_holds = value
                 pending_remote = None  # a later store change takes the remote's place
             elif kind == "remote":
+                stale = None
                 store_holds = value
                 pending_remote = (at, value)
                 if controller is not None and _same(value, controller) and unpublished is None:
@@ -404,6 +433,24 @@ class Checker:
             elif kind == "wipe":
                 store_holds = None
                 empty_since = True
+            elif kind == "rollback":
+                # The store lost its last writes of the key. A remote change among them was
+                # lost by the store, not by the agent; a value the unit holds and the store
+                # held (synced) must be published again before anything is written over it.
+                held, lost = value
+                if (
+                    store_holds is not None
+                    and controller is not None
+                    and _same(controller, store_holds)
+                    and not _same(held, store_holds)
+                ):
+                    stale = (controller, held)
+                if pending_remote is not None and not _same(held, pending_remote[1]):
+                    pending_remote = None
+                lost_by_store = [v for v in lost if v is not None]
+                store_holds = held
+                if held is None:
+                    empty_since = True
             if (
                 unpublished is not None
                 and store_holds is not None

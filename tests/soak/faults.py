@@ -6,6 +6,9 @@ Of the pair and its links (group `pair`):
     cut, blackhole, delay      an agent's link to the broker (the proxy)
     broker_restart             the broker restarts, the store keeping its contents (on disk)
     broker_restart_forget      the store restarts without them (the lock and keys vanish)
+    broker_restart_lose_tail   the store restarts having lost its last 1 to 20 acknowledged
+                               writes (its log's tail; the real service's failover can lose
+                               it too): keys hold older values, or none
     line_unplug                the whole line goes away and comes back
     pause_to_expiry            the active is stopped until just before its lease expires at the
                                store (past its own deadline): it wakes up with the lock still
@@ -66,6 +69,7 @@ GROUPS: dict[str, dict[str, int]] = {
         "delay": 1,
         "broker_restart": 2,
         "broker_restart_forget": 1,
+        "broker_restart_lose_tail": 2,
         "line_unplug": 1,
         "pause_to_expiry": 1,
     },
@@ -176,6 +180,11 @@ class Injector:
             keep = kind == "broker_restart"
             world.restart_store(keep=keep, outage_s=self.rng.uniform(0.2, 2.0))
             return time.monotonic(), None, not keep
+        if kind == "broker_restart_lose_tail":
+            world.restart_store(
+                keep=True, outage_s=self.rng.uniform(0.2, 2.0), losing=self.rng.randint(1, 20)
+            )
+            return time.monotonic(), None, True  # the lock may be gone: waited out as forgotten
         if kind == "line_unplug":
             seconds = self.rng.uniform(0.5, 3)
             world.background.call(lambda: world.line.fault("UNPLUG", seconds))

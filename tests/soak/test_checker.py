@@ -428,3 +428,49 @@ def test_the_first_newer_grant_of_another_holder_is_found_as_a_scan_finds_it(
         token = f"{1000 + position}:0:store"
         scan = [h for v, h in zip(versions, holders, strict=True) if _newer(v, token) and h != own]
         assert grants.first_newer_other(token, own) == (scan[0] if scan else None)
+
+
+def went_back_after_a_synced_panel_change() -> Checker:
+    """The panel's 23.5 published over 20.0; the store then went back to 20.0, losing it."""
+    c = checker()
+    c.units = [UnitEvent(1.0, 1, "write", 20.0), UnitEvent(2.0, 1, "panel", 23.5)]
+    c.store = [
+        store(0.5, "remote", KEY, b"20.0", token=v(1)),
+        store(2.5, "agent-l-a", KEY, b"23.5", token=v(1)),
+    ]
+    c.rolled_back = [(3.0, {KEY: (b"20.0", [b"23.5"])})]
+    return c
+
+
+def test_a_synced_change_the_store_lost_and_the_agent_applied_back_is_lost() -> None:
+    c = went_back_after_a_synced_panel_change()
+    c.store.append(store(4.0, "agent-l-a", KEY, b"20.0", token=v(2)))  # fenced stale
+    c.units.append(UnitEvent(4.5, 1, "write", 20.0))
+    c.check_changes({1: 20.0}, {1: b"20.0"})
+    assert [x.kind for x in c.violations] == ["synced change lost"] and c.lost == 1
+
+
+def test_a_synced_change_the_store_lost_and_the_agent_gave_back_is_fine() -> None:
+    c = went_back_after_a_synced_panel_change()
+    c.store.append(store(4.0, "agent-l-a", KEY, b"23.5", token=v(2)))  # given back
+    c.check_changes({1: 23.5}, {1: b"23.5"})
+    assert c.violations == [] and c.lost == 0
+
+
+def test_a_remote_change_the_store_lost_is_not_the_agents_loss() -> None:
+    """A remote 26.0 accepted, then lost by the store before the agent applied it; and a
+    remote change made after the store went back wins over the synced value, as any does."""
+    c = checker()
+    c.units = [UnitEvent(1.0, 1, "write", 20.0)]
+    c.store = [
+        store(0.5, "remote", KEY, b"20.0", token=v(1)),
+        store(2.0, "remote", KEY, b"26.0", token=v(1)),
+    ]
+    c.rolled_back = [(3.0, {KEY: (b"20.0", [b"26.0"])})]
+    c.check_changes({1: 20.0}, {1: b"20.0"})
+    assert c.violations == [] and c.lost == 0
+    c = went_back_after_a_synced_panel_change()
+    c.store.append(store(4.0, "remote", KEY, b"20.0", token=v(2)))
+    c.units.append(UnitEvent(4.5, 1, "write", 20.0))
+    c.check_changes({1: 20.0}, {1: b"20.0"})
+    assert c.violations == [] and c.lost == 0

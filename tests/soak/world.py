@@ -36,6 +36,7 @@ from agent.controller.points import FAN, MODE
 from agent.controller.sim_profile import SIM
 from agent.controller.timing import LineTiming
 from agent.emulator.embedded import EmbeddedStateStore
+from agent.emulator.log_records import changes, replay
 from agent.protocol.hlc import Hlc
 from agent.simulator.line import FakeLine, RequestRecord, Unit
 from agent.sync.decisions import Synced
@@ -261,15 +262,48 @@ class World:
             },
         )
 
-    def restart_store(self, *, keep: bool, outage_s: float) -> None:
+    def restart_store(self, *, keep: bool, outage_s: float, losing: int = 0) -> int:
+        """The store restarts after `outage_s`, with its contents (`keep`) or without them;
+        `losing`: having lost its last that many changes (see _lose_tail). Returns how many
+        changes it lost so."""
         self.store_up = False
         self.background.run(self.store.stop())
         if not keep:
             self.checker.wiped_at.append(time.monotonic())
+        lost = self._lose_tail(losing) if keep else 0
         time.sleep(outage_s)  # the outage is the fault itself
         self.store = self._start_store(keep=keep)
         self.client.close()
         self.client = PahoStoreClient("127.0.0.1", self.port, f"soak-driver-{time.monotonic_ns()}")
+        return lost
+
+    def _lose_tail(self, count: int) -> int:
+        """Cuts the stopped store's log before its last `count` changes (every record after
+        them too, clock records among them), acknowledged ones included: a log that lost its
+        tail, or a failover of the real service. The checker is told what each key holds
+        after it and which values it lost."""
+        log = self.data_dir / "store.log"
+        data = log.read_bytes()
+        lost = changes(data)[-count:] if count else []
+        if not lost:
+            return 0
+        cut = lost[0][0]
+        with log.open("r+b") as file:
+            file.truncate(cut)
+        held = replay(data[:cut]).entries
+        self.checker.rolled_back.append(
+            (
+                time.monotonic(),
+                {
+                    key: (
+                        held[key].value if key in held else None,
+                        [entry.value for _, k, entry in lost if k == key and entry is not None],
+                    )
+                    for key in {key for _, key, _ in lost}
+                },
+            )
+        )
+        return len(lost)
 
     # ------------------------------------------------------------------ agents
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent.emulator.embedded import EmbeddedStateStore
+from agent.emulator.service import monotonic_ms, wall_clock_ms
 from agent.protocol.hlc import Hlc
 from agent.protocol.resp3 import encode_request
 from agent.simulator.device import FakeDevice
@@ -26,6 +27,8 @@ from tests.support.processes import AgentProcess, stop_all
 from tests.support.store_watch import watch_writes
 
 T = TypeVar("T")
+StoreSnapshot = dict[bytes, tuple[bytes, Hlc, Hlc | None, int | None]]
+"""A store's keys: value, version, fencing token, and the milliseconds each had left."""
 DEVICE = "thermostat-1"
 SETPOINT_KEY = f"{DEVICE}\\setPoint"
 LOCK_KEY = f"{DEVICE}\\lock"
@@ -298,6 +301,46 @@ class Rig:
         self.store = self._make_store()
         if setpoint is not None:
             self.background.call(lambda: self._write(SETPOINT_KEY, setpoint))
+        self.background.run(self.store.start())
+
+    def snapshot(self) -> StoreSnapshot:
+        """The store's keys as they are now, each expiry as the time it had left."""
+
+        def take() -> StoreSnapshot:
+            now = monotonic_ms()
+            return {
+                key: (
+                    e.value,
+                    e.version,
+                    e.fencing_token,
+                    None if e.expires_at_ms is None else e.expires_at_ms - now,
+                )
+                for key, e in self.store.store.entries().items()
+            }
+
+        return self.background.call(take)
+
+    def store_restart_from(self, snapshot: StoreSnapshot, *, without: tuple[str, ...] = ()) -> None:
+        """The emulator restarts holding what it held at `snapshot` (less the keys `without`):
+        every write since is lost, acknowledged ones included (a store restored from a
+        backup, or one whose log lost its tail). Its clock runs on past every version it
+        handed out, as the emulator's journal keeps it."""
+        if self._client is not None:
+            self._client.drop()
+            self._client = None
+        clock = self.store.store.clock.current
+        self.background.run(self.store.stop())
+        self.store = self._make_store()
+
+        def restore() -> None:
+            now = wall_clock_ms()
+            for key, (value, version, token, left_ms) in snapshot.items():
+                if key.decode() not in without:
+                    expires = None if left_ms is None else now + left_ms
+                    self.store.store.restore(key, value, version, token, expires)
+            self.store.store.restore_clock(clock)
+
+        self.background.call(restore)
         self.background.run(self.store.start())
 
     def wire_violations(self) -> list[str]:

@@ -166,6 +166,16 @@ class World:
     def panel(self, value: float) -> None:
         self.controller = value
 
+    def play(self, steps: list[tuple[str, float]]) -> None:
+        """Remote changes, panel changes and steps of the former active, until it dies."""
+        for kind, value in steps:
+            if kind == "remote":
+                self.remote_set(value)
+            elif kind == "panel":
+                self.panel(value)
+            elif not self.active_step(int(value)):
+                return
+
     def active_step(self, die_after: int) -> bool:
         """One sync of the former active; False if it died during it."""
         latest = self.store[-1]
@@ -256,19 +266,9 @@ def test_no_change_is_lost_across_a_failover(
     panel_values = [value for kind, value in before + during if kind == "panel"]
     assume(len(panel_values) == len(set(panel_values)))
     world = World()
-    alive = True
-    for kind, value in before:
-        if kind == "remote":
-            world.remote_set(value)
-        elif kind == "panel":
-            world.panel(value)
-        elif not world.active_step(int(value)):
-            alive = False
-            break
+    world.play(before)
     # The active is gone (killed, cut off, paused); changes keep coming until the takeover.
-    for kind, value in during:
-        (world.remote_set if kind == "remote" else world.panel)(value)
-    del alive
+    world.play(during)
     latest = world.store[-1]
     assert latest.value is not None
     # The standby watched the key all along: it saw whether the store took the marked publish.
@@ -306,19 +306,12 @@ def test_no_change_is_lost_when_the_standby_was_away(
     panel_values = [value for kind, value in before + during if kind == "panel"]
     assume(len(panel_values) == len(set(panel_values)))
     world = World()
-    for kind, value in before:
-        if kind == "remote":
-            world.remote_set(value)
-        elif kind == "panel":
-            world.panel(value)
-        elif not world.active_step(int(value)):
-            break
+    world.play(before)
     assume(not (away and world.unrecorded_publish))
     # Away, it cannot tell a refused publish followed by a remote change after its marked
     # record from an accepted one: the store keeps no history (documented, open).
     assume(not (away and world.refused_publish and any(kind == "remote" for kind, _ in during)))
-    for kind, value in during:
-        (world.remote_set if kind == "remote" else world.panel)(value)
+    world.play(during)
     latest = world.store[-1]
     assert latest.value is not None
     seen = [latest] if away else list(world.store)
