@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
+import textwrap
 from collections.abc import Sequence
 
 # Each module exposes register(subparsers) (or the function named after a colon); the
@@ -23,9 +25,53 @@ SUBCOMMANDS = {
     "history": "agent.ops.history_cli",
     "forget": "agent.ops.forget_cli",
     "watch": "agent.ops.watch_cli",
+    "reload": "agent.runtime.reloading",
 }
 
 EXIT_USAGE = 2
+
+
+class ProseFormatter(argparse.RawDescriptionHelpFormatter):
+    """A command's description (its module's docstring) wrapped to the terminal, paragraph
+    by paragraph, so that an 80-column terminal never breaks a word; a paragraph with an
+    indented line (an example, a list) is kept as it is written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for block in re.split(r"\n[ \t]*\n", text.strip("\n")):
+            out: list[str] = []
+            prose: list[str] = []
+            for line in [*block.splitlines(), None]:
+                if line is not None and not line[:1].isspace():
+                    prose.append(line.strip())
+                    continue
+                if prose:
+                    out.append(textwrap.fill(" ".join(prose), width, initial_indent=indent,
+                                             subsequent_indent=indent))  # fmt: skip
+                    prose = []
+                if line is not None:
+                    out.append(_hanging(indent + line, width))
+            paragraphs.append("\n".join(out))
+        return "\n\n".join(paragraphs)
+
+
+def _hanging(line: str, width: int) -> str:
+    """An indented line (`  NAME   what it does`) as it is when it fits, else wrapped under
+    where its words start (its description's column, when it has one)."""
+    if len(line) <= width:
+        return line
+    column = re.match(r"\s+\S.*?\s{2,}(?=\S)", line)
+    hang = column.end() if column and column.end() < width // 2 else len(line) - len(line.lstrip())
+    return textwrap.fill(line, width, subsequent_indent=" " * hang)
+
+
+def _wrapped(parser: argparse.ArgumentParser) -> None:
+    """Every parser under this one formats its prose to the terminal."""
+    parser.formatter_class = ProseFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _wrapped(child)
 
 
 def build_parser(only: str) -> argparse.ArgumentParser:
@@ -41,6 +87,7 @@ def build_parser(only: str) -> argparse.ArgumentParser:
             continue
         module, _, function = module_name.partition(":")
         getattr(importlib.import_module(module), function or "register")(subparsers)
+    _wrapped(parser)
     return parser
 
 

@@ -13,6 +13,9 @@ Each `sh` block of README.md and docs/operations.md has a marker on the line bef
   the test exists.
 - `<!-- test: file NAME -->` before a block that is not a command (an env file, a devices
   file, a mosquitto.conf): the scenarios write it as NAME where the commands expect it.
+- `<!-- test: python NAME -->` before a Python block of docs/store.md: the blocks of NAME run
+  as one program, in order, against a local store on the port they name (replaced by a free
+  one).
 
 The README's two commands install packages and a virtual environment, which a test run cannot
 redo: the part that differs as root and as a user with sudo is run here with stand-ins for
@@ -40,10 +43,12 @@ import pytest
 from agent.cli import SUBCOMMANDS
 from tests.support.mosquitto import mosquitto_binary
 from tests.support.ports import free_port
+from tests.support.processes import READY_URL, AgentProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 OPERATIONS = ROOT / "docs" / "operations.md"
+STORE = ROOT / "docs" / "store.md"
 PAGES = (README, *sorted((ROOT / "docs").glob("*.md")))
 BIN = Path(sys.executable).parent
 """Where `agent` is: the environment running these tests."""
@@ -61,7 +66,7 @@ SCENARIOS = {
 }
 
 _FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
-_MARKER = re.compile(r"^\s*<!-- test: (run|covered by|file) (.+?) -->\s*$")
+_MARKER = re.compile(r"^\s*<!-- test: (run|covered by|file|python) (.+?) -->\s*$")
 _EXITS = re.compile(r"#.*\bexits (\d+)\b")
 _HEREDOC = re.compile(r"<<-?\s*'?\"?(\w+)'?\"?")
 
@@ -557,3 +562,22 @@ def test_the_store_on_mosquitto(tmp_path: Path) -> None:
     env = environment(PATH=f"{BIN}{os.pathsep}/usr/sbin{os.pathsep}{os.environ['PATH']}")
     for block in marked("run", "mosquitto"):
         run_block(block, tmp_path, env, ports=ports, timeout=150)
+
+
+# --------------------------------------------------------------------------- the store page
+
+
+def test_the_store_pages_paho_examples_run_against_a_local_store() -> None:
+    examples = [b for b in blocks(STORE) if (b.kind, b.arg) == ("python", "paho")]
+    assert len(examples) == 2 and all(b.lang == "python" for b in examples)
+    store = AgentProcess(["emulator", "--port", "0"])
+    try:
+        port = int(store.wait_for(READY_URL).group(2))
+        program = with_ports("".join(b.text for b in examples), {1883: port})
+        done = subprocess.run(
+            [sys.executable, "-c", program], capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith("b'+OK\\r\\n' "), done.stdout  # an answer and its version
+    finally:
+        store.stop()

@@ -2,7 +2,8 @@
 
 Connection settings come from the same environment variables as the agent
 (`AGENT_MQTT__HOST`, `AGENT_MQTT__PORT`, `AGENT_MQTT__TLS__CA_FILE`, ...), overridden by
-flags; secrets come from files (--password-file, --key-password-file) or the environment.
+flags, over an env file (--env-file; on a gateway the line's /etc/agent/<line>.env when it
+exists); secrets come from files (--password-file, --key-password-file) or the environment.
 Exit codes: 0 done, 1 not applied or absent, 2 usage or settings, 3 service error,
 4 connection failure or timeout.
 How values and keys are printed: see VALUES_SHOWN (`agent store get --help`).
@@ -15,6 +16,7 @@ import asyncio
 import binascii
 import os
 import signal
+import ssl
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
@@ -25,10 +27,24 @@ from pydantic import SecretStr, ValidationError
 
 from agent import logs
 from agent.client.errors import RequestTimeout, StateStoreError
+from agent.client.line_env import broker_source, line_env_file, readable
 from agent.client.lock import LeasedLock, LossReason, renewal_period_s
 from agent.client.session import Session, SessionError, SettingNames
+from agent.client.session_errors import (
+    ConnectFailed,
+    ConnectionRefused,
+    TlsHangUp,
+    TlsPortWithoutTls,
+)
+from agent.client.shown import show_value
 from agent.client.statestore import Condition, KeyChange, StateStoreClient
-from agent.config import ConnectionSettings, MqttSettings, setting_errors, variable_name
+from agent.config import (
+    ConnectionSettings,
+    MqttSettings,
+    env_file_problem,
+    setting_errors,
+    variable_name,
+)
 from agent.protocol.hlc import Hlc, HlcError
 
 EXIT_OK, EXIT_NOT_APPLIED, EXIT_USAGE, EXIT_SERVICE, EXIT_CONNECTION = 0, 1, 2, 3, 4
@@ -158,6 +174,13 @@ def connection_options(parser: argparse.ArgumentParser, *, defaults: bool = True
         return value if defaults else argparse.SUPPRESS
 
     conn = parser.add_argument_group("connection (default: AGENT_MQTT__* environment)")
+    conn.add_argument(
+        "--env-file",
+        type=Path,
+        help="read the settings the environment does not give from this env file, as the "
+        "agent does (default on a gateway: the line's /etc/agent/<line>.env, or the only "
+        "line's there; /dev/null for none)",
+    )
     conn.add_argument("--host", help="broker host (AGENT_MQTT__HOST)")
     conn.add_argument("--port", type=int, help="broker port (AGENT_MQTT__PORT)")
     conn.add_argument("--client-id", help="MQTT client id (default: a random one)")
@@ -215,8 +238,21 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
+def env_file_of(args: argparse.Namespace) -> Path | None:
+    """The env file the command reads (see line_env_file): --env-file, which must be one
+    (else UsageError), or the line's that the command's line or device names."""
+    given = getattr(args, "env_file", None)
+    if given is not None:
+        problem = env_file_problem(given)
+        if problem is not None:
+            raise UsageError(f"--env-file {given}: {problem}")
+    named = (getattr(args, dest, None) for dest in ("target", "line", "device"))
+    return line_env_file(given, next((n for n in named if isinstance(n, str)), None))
+
+
 def connection_settings(args: argparse.Namespace) -> MqttSettings:
-    """The environment's settings (as the agent reads them), with the flags on top."""
+    """The environment's settings (as the agent reads them), with the flags on top, over
+    the env file's."""
     for secret, file_dest in _SECRET_FLAGS.items():
         if getattr(args, f"secret_flag_{secret}", None) is not None:
             variable = variable_name(".".join(("mqtt", *_SECRET_FILE_FLAGS[file_dest])))
@@ -244,7 +280,9 @@ def connection_settings(args: argparse.Namespace) -> MqttSettings:
         _put(flags, path, SecretStr(secret))
         given[path] = flag
     try:
-        return ConnectionSettings(mqtt=flags).mqtt
+        return ConnectionSettings(  # type: ignore[call-arg]
+            _env_file=readable(env_file_of(args)), _env_file_encoding="utf-8", mqtt=flags
+        ).mqtt
     except ValidationError as exc:
         raise UsageError("invalid settings: " + "; ".join(_errors(exc, given))) from None
 
@@ -317,34 +355,6 @@ def _show(value: bytes, as_hex: bool) -> str:
     return value.hex() if as_hex else show_value(value)
 
 
-# How a character that is not printable is escaped when it has a short form.
-_SHORT_ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
-_NOT_UTF8 = range(0xDC80, 0xDD00)  # a byte that is not UTF-8, as surrogateescape holds it
-
-
-def show_value(value: bytes) -> str:
-    """A store value (or key) in a line of text, as VALUES_SHOWN says: as it is
-    when it is UTF-8 text of printable characters, else escaped, the whole value the same
-    way (a control character is never written to the terminal as it is)."""
-    text = value.decode("utf-8", errors="surrogateescape")
-    if text.isprintable():
-        return text
-    shown = []
-    for char in text:
-        code = ord(char)
-        if code in _NOT_UTF8:
-            shown.append(f"\\x{code - 0xDC00:02x}")
-        elif char in _SHORT_ESCAPES:
-            shown.append(_SHORT_ESCAPES[char])
-        elif char.isprintable():
-            shown.append(char)
-        elif code < 0x80:
-            shown.append(f"\\x{code:02x}")
-        else:  # \xHH would read as a byte: a character says \u or \U
-            shown.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
-    return "".join(shown)
-
-
 async def _main(args: argparse.Namespace, settings: MqttSettings) -> int:
     command: Callable[[StateStoreClient, argparse.Namespace], Awaitable[int]] = args.store_func
     return await with_client(args, settings, "agent store", lambda c: command(c, args))
@@ -390,7 +400,11 @@ async def with_client(
     try:
         await session.start(wait=True, timeout=args.timeout, fail_fast=True)
     except (SessionError, OSError) as exc:
-        print(f"{name}: cannot connect to {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+        said = f"{name}: cannot connect to {settings.host}:{settings.port}: {exc}"
+        if not _answered(exc):  # else the address was right, and the error says what is not
+            flags = {"host": args.host is not None, "port": args.port is not None}
+            said += ". " + broker_source(flags, env_file_of(args))
+        print(said, file=sys.stderr)
         return EXIT_CONNECTION
     try:
         async with StateStoreClient(session, request_timeout_s=args.timeout) as client:
@@ -403,6 +417,13 @@ async def with_client(
         return EXIT_SERVICE
     finally:
         await session.stop()
+
+
+def _answered(exc: BaseException) -> bool:
+    """Whether a failed connect reached a broker (it refused the client, or TLS failed)."""
+    if isinstance(exc, ConnectFailed) and exc.failure is not None:
+        return isinstance(exc.failure, ssl.SSLError) or _answered(exc.failure)
+    return isinstance(exc, (ConnectionRefused, TlsHangUp, TlsPortWithoutTls))
 
 
 async def _get(client: StateStoreClient, args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from enum import Enum
 
 from agent.client.errors import FencedByAnotherLock, FencingTokenLowerVersion
+from agent.client.shown import show_key
 from agent.client.statestore import ChangeHandler, Condition, SetResult, StateStoreClient
 from agent.protocol.hlc import Hlc
 
@@ -176,7 +177,7 @@ class LeasedLock:
         if epoch != self._epoch:
             # The lease this was sent for ended meanwhile; the store may still hold it for
             # us until its expiry, but only a new acquisition counts as holding it again.
-            log.info("lock %r: a late answer for a lost lease ignored", self.key)
+            log.info("lock %s: a late answer for a lost lease ignored", show_key(self.key))
             return None
         return self._settle(result, sent_at, ttl_ms)
 
@@ -289,12 +290,12 @@ class LeasedLock:
         if self._token is not None and result.version < self._token:
             # Cannot happen with a faithful service; never hand out an older token. (Equal
             # is fine: fenced_set may have adopted this renewal's version already.)
-            log.error("lock %r: token did not increase (%s)", self.key, result.version)
+            log.error("lock %s: token did not increase (%s)", show_key(self.key), result.version)
             return None
         # From the send time: the store's expiry started no earlier than that.
         deadline = sent_at + ttl_ms / 1000 - self.margin_s(ttl_ms)
         if deadline <= self._monotonic():
-            log.warning("lock %r: acquired but already past the local deadline", self.key)
+            log.warning("lock %s: acquired but already past the local deadline", show_key(self.key))
             return None
         if self._deadline is not None and self._token is not None:
             deadline = max(deadline, self._deadline)  # overlapping renewals: keep the later
@@ -335,7 +336,7 @@ class LeasedLock:
         if self._token is None:
             return
         self._clear()
-        log.warning("lock %r lost: %s", self.key, reason.value)
+        log.warning("lock %s lost: %s", show_key(self.key), reason.value)
         for handler in self._loss_handlers:
             handler(reason)
 

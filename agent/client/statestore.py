@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
@@ -22,6 +22,7 @@ from agent.client.errors import (
     service_error,
 )
 from agent.client.session import Message, Session, SessionError
+from agent.client.shown import show_key
 from agent.protocol import topics
 from agent.protocol.hlc import Hlc, HlcError, HybridLogicalClock
 from agent.protocol.resp3 import (
@@ -42,6 +43,11 @@ _CATCH_UP_RETRY_MIN_S = 0.5
 _CATCH_UP_RETRY_MAX_S = 30.0
 _CATCH_UP_IN_FLIGHT = 8
 """Keys caught up at once after a reconnect (each a KEYNOTIFY, then a GET)."""
+_WATCH_IN_FLIGHT = 64
+"""Requests of `observe` in flight at once, whoever calls it: a start watches every key
+of its line together, over a slow link in a few round trips rather than two per key, and
+stays below the session's in-flight window (99 on the service), so that a renewal of the
+lock sent meanwhile never waits for room in it."""
 
 
 class Condition(Enum):
@@ -128,21 +134,29 @@ class StateStoreClient:
         """Connections after the first (each caught up)."""
         self.notifications = 0
         """KEYNOTIFY notifications received (a malformed one included)."""
+        self._watching = asyncio.Semaphore(_WATCH_IN_FLIGHT)
 
     async def start(self) -> None:
         """Subscribes to responses and notifications; call once the session is started."""
         if self._started:
             return
         # Marked started only once both SUBACKs are in, so that a caller may retry after
-        # a failure (the agent does while the broker is coming up).
+        # a failure (the agent does while the broker is coming up). Both are sent at once:
+        # over a slow link a start is counted in round trips.
+        subscriptions = [
+            # Subscribed (SUBACK awaited) before the first KEYNOTIFY, as protocol.md §7 asks.
+            self.session.subscribe(topics.notify_filter(self.client_id), self._on_notification)
+        ]
         if not self._responses_subscribed:
-            await self.session.subscribe(self._response_topic, self._on_response)
-            self._responses_subscribed = True
-        # Subscribed (SUBACK awaited) before the first KEYNOTIFY, as protocol.md §7 asks.
-        await self.session.subscribe(topics.notify_filter(self.client_id), self._on_notification)
+            subscriptions.append(self._subscribe_responses())
+        await _all_of(subscriptions)
         self._started = True
         self.session.on_connect(self._resync)
         self._delivery = asyncio.create_task(self._deliver(), name="statestore-changes")
+
+    async def _subscribe_responses(self) -> None:
+        await self.session.subscribe(self._response_topic, self._on_response)
+        self._responses_subscribed = True
 
     async def close(self) -> None:
         self.session.remove_hook(self._resync)
@@ -233,12 +247,18 @@ class StateStoreClient:
 
         Changes made while the connection was down are delivered after the reconnect as
         synthetic changes (the notifications themselves are lost by the service).
+
+        Many keys may be observed at once (a few dozen requests in flight, see
+        _WATCH_IN_FLIGHT): each key's GET is sent once its KEYNOTIFY is answered, so that no
+        change between the two is missed whatever order the service handles requests in.
         """
         raw = _bytes(key)
         self._observed[raw] = handler
         self._delivered_since[raw] = None
-        registered = await self._keynotify(raw, stop=False, timeout=timeout)
-        value, version = await self.get(raw, timeout=timeout)
+        async with self._watching:
+            registered = await self._keynotify(raw, stop=False, timeout=timeout)
+        async with self._watching:
+            value, version = await self.get(raw, timeout=timeout)
         seen = self._seen.get(raw)
         if seen is None or _newer(version, seen.version):
             self._seen[raw] = _Seen(value, version)
@@ -400,7 +420,8 @@ class StateStoreClient:
             return
         seen = self._seen.get(change.key)
         if seen is not None and not _newer(change.version, seen.version):
-            log.debug("dropped an old notification for %r (%s)", change.key, change.version)
+            shown = show_key(change.key)
+            log.debug("dropped an old notification for %s (%s)", shown, change.version)
             return
         self._seen[change.key] = _Seen(change.value, change.version)
         self._enqueue(change)
@@ -413,7 +434,7 @@ class StateStoreClient:
             # Superseded before delivery: the newest takes the older ones' turn. But a live
             # DELETE stays ahead of a SET after it: that the key was gone (a lease that
             # ended, before our own SET took the lock) is news of its own. At most two.
-            log.debug("change of %r superseded before delivery", change.key)
+            log.debug("change of %s superseded before delivery", show_key(change.key))
             earlier = [
                 e for c in queued if c.kind == "SET" for e in (*c.earlier, (c.value, c.version))
             ]
@@ -498,7 +519,7 @@ class StateStoreClient:
             registered = await self._keynotify(key, stop=False, timeout=None)
             value, version = await self.get(key)
         except (StateStoreError, SessionError) as exc:
-            log.warning("could not re-register %r after reconnect: %s", key, exc)
+            log.warning("could not re-register %s after reconnect: %s", show_key(key), exc)
             return False
         except Exception:
             # A bug must not end the catch-up silently: the key would never be
@@ -523,6 +544,15 @@ class StateStoreClient:
             # Bypasses _offer's version check: a delete found by GET has no version.
             kind: Literal["SET", "DELETE"] = "SET" if value is not None else "DELETE"
             self._enqueue(KeyChange(key, kind, value, version, synthetic=True))
+
+
+async def _all_of(work: Sequence[Awaitable[None]]) -> None:
+    """Runs `work` at once; raises the first failure once every one has ended (none is
+    left running behind a failure)."""
+    results = await asyncio.gather(*work, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 def _no_older_than(since: Hlc | None, versions: list[Hlc | None]) -> Hlc | None:

@@ -12,7 +12,9 @@ One module per concern; the sections import none of each other but ``client_id``
 ``settings`` imports the sections:
 
 - ``environment``: the variables' prefix and separator, errors named by variable
-  (``setting_errors``), settings shown with their secrets masked (``redacted``);
+  (``setting_errors``), variables that are no setting (``unknown_variables``), settings shown
+  with their secrets masked (``redacted``);
+- ``nearest``: the known names closest to a mistyped one;
 - ``client_id``: which MQTT client ids are usable, and an instance's default one;
 - ``mqtt``: the connection to the broker, its credentials and TLS;
 - ``serial``: the serial line, and the Modbus options of the devices on it;
@@ -45,8 +47,11 @@ from agent.config.devices import (
 from agent.config.environment import (
     ENV_NESTED_DELIMITER,
     ENV_PREFIX,
+    env_file_problem,
+    known_variables,
     redacted,
     setting_errors,
+    unknown_variables,
     variable_name,
 )
 from agent.config.health import HealthSettings
@@ -85,9 +90,12 @@ __all__ = [
     "check_devices",
     "check_id",
     "default_client_id",
+    "env_file_problem",
+    "known_variables",
     "parse_devices",
     "redacted",
     "resolve_line",
     "setting_errors",
+    "unknown_variables",
     "variable_name",
 ]

@@ -39,11 +39,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from agent.controller.interface import (
     ControllerError,
     ControllerState,
+    ControllerUnavailable,
     DeviceIdentity,
     Limits,
     PointValue,
@@ -70,6 +71,36 @@ up to three reply timeouts late): the next exchange with that address waits that
 QUIET_WAIT_AFTER_WINDOW = 3
 """Reply timeouts the wait for a quiet line may go on past that window (a noisy line): it
 gives up then, and the reply's address and framing are all that tell it apart."""
+
+
+Reply = TypeVar("Reply", covariant=True)
+
+
+class CorruptReply(Exception):
+    """Bytes that came as a reply but cannot be read as one (its address unknown)."""
+
+
+class ReplyReader(Protocol[Reply]):
+    """How one protocol reads whole reply frames off the port, one at a time."""
+
+    def clear(self) -> None:
+        """Forget any part of a frame read before (the request about to go out makes it
+        stale)."""
+
+    def next_reply(self, deadline: float) -> tuple[int | None, Reply] | None:
+        """The next whole reply frame, by `deadline` (monotonic): the address it came
+        from and the frame. None when none came in time; CorruptReply for one that
+        cannot be read."""
+
+
+class LinePort(Protocol):
+    """What an exchange needs of the port (agent.controller.port.SerialPort)."""
+
+    def wait_for_quiet(self, quiet_s: float, at_most_s: float) -> int: ...
+
+    def discard_input(self) -> None: ...
+
+    def send(self, frame: bytes, last_look: Callable[[], bool] | None = None) -> None: ...
 
 
 def open_gate(lasts_s: float) -> bool:
@@ -120,6 +151,7 @@ class Driver(ABC):
     timing: LineTiming
     reply_timeout_s: float
     stats: LinkStats
+    port: LinePort
 
     def _set_line(
         self,
@@ -182,6 +214,49 @@ class Driver(ABC):
         )
         if discarded:
             log.debug("discarded %d bytes of a late reply from %s", discarded, address)
+
+    def reply_wait_s(self, request_bytes: int) -> float:
+        """How long after the request's write() returns its reply may still begin: the
+        request's own line time, then the reply timeout."""
+        return self.timing.chars_s(request_bytes) + self.reply_timeout_s
+
+    def _exchange(
+        self,
+        unit: Unit,
+        what: str,
+        request: bytes,
+        replies: ReplyReader[Reply],
+        lasts_s: float,
+        gate: Gate,
+    ) -> Reply:
+        """One request to `unit` and its reply frame, as every protocol has it: the same
+        address's late reply waited out, stale input dropped, the gate asked, the request
+        sent; then frames read until one from `unit`'s address comes (another unit's
+        late reply is discarded and the reading goes on) or the reply's time is up
+        (ControllerUnavailable: its reply may still come, late). ControllerError for a
+        frame that cannot be read."""
+        self._wait_out_late_reply(self.port.wait_for_quiet, unit.address)
+        self.port.discard_input()
+        replies.clear()
+        last_look = self.pass_gate(gate, lasts_s, what)
+        self.port.send(request, last_look)
+        # The clock starts when write() returns, before the request is on the wire.
+        deadline = time.monotonic() + self.reply_wait_s(len(request))
+        try:
+            while (reply := replies.next_reply(deadline)) is not None:
+                address, frame = reply
+                if address == unit.address:
+                    self._exchange_completed(unit.address)
+                    return frame
+                # Another unit's late reply (or a point-to-point reply on a bus).
+                log.debug("discarded a reply from address %s to %s", address, what)
+        except CorruptReply as exc:
+            self.stats.corrupt_replies += 1
+            raise ControllerError(f"corrupted reply to {what}: {exc}") from exc
+        self._late_reply_possible(unit.address)
+        self.stats.timeouts += 1
+        self.stats.per_unit_timeouts[unit.name] = self.stats.per_unit_timeouts.get(unit.name, 0) + 1
+        raise ControllerUnavailable(f"no reply to {what} within {self.reply_timeout_s:g} s")
 
     @property
     def longest_late_reply_wait_s(self) -> float:

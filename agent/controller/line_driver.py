@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import TypeVar
 
 import serial  # type: ignore[import-untyped]
 
 from agent.controller import line_protocol as lp
-from agent.controller.driver import Driver, Gate, Unit, open_gate
+from agent.controller.driver import CorruptReply, Driver, Gate, Unit, open_gate
 from agent.controller.interface import (
     ControllerError,
     ControllerState,
-    ControllerUnavailable,
     DeviceIdentity,
     Limits,
     PointValue,
@@ -83,7 +83,7 @@ class LineDriver(Driver):
             **options,
         )
         self.exclusive = self.port.exclusive
-        self._splitter = lp.LineSplitter(max_line=4 * lp.MAX_LINE)
+        self._replies = LineReplies(self.port)
 
     @property
     def poll_frame(self) -> tuple[int, int]:
@@ -92,6 +92,10 @@ class LineDriver(Driver):
     @property
     def longest_transaction_s(self) -> float:
         return self.transaction_s(LONGEST_REQUEST_BYTES, LONGEST_REPLY_BYTES)
+
+    def reply_wait_s(self, request_bytes: int) -> float:
+        # A reply is read whole, by its terminator: the longest one's line time counts too.
+        return self.reply_timeout_s + self.timing.chars_s(request_bytes + lp.MAX_LINE)
 
     @property
     def worst_case_call_s(self) -> float:
@@ -187,28 +191,8 @@ class LineDriver(Driver):
         """Send one request to `unit` and return its reply, of the expected type."""
         what = lp.with_address(unit.address, lp.format_request(request))
         line = lp.encode_line(what)
-        # Stale bytes (a late reply, line noise) must not be taken for this reply: the
-        # same address's late reply is waited out (see agent.controller.driver), another's
-        # is told apart by its address.
-        self._wait_out_late_reply(self.port.wait_for_quiet, unit.address)
-        self.port.discard_input()
-        self._splitter.clear()
-        last_look = self.pass_gate(gate, self.transaction_s(len(line), LONGEST_REPLY_BYTES), what)
-        self.port.send(line, last_look)
-        log.debug("sent %r", line)
-        try:
-            payload = self._read_reply(unit, what, len(line))
-        except ControllerUnavailable:
-            self._late_reply_possible(unit.address)
-            self.stats.timeouts += 1
-            self.stats.per_unit_timeouts[unit.name] = (
-                self.stats.per_unit_timeouts.get(unit.name, 0) + 1
-            )
-            raise
-        except ControllerError:
-            self.stats.corrupt_replies += 1
-            raise
-        self._exchange_completed(unit.address)
+        lasts_s = self.transaction_s(len(line), LONGEST_REPLY_BYTES)
+        payload = self._exchange(unit, repr(what), line, self._replies, lasts_s, gate)
         try:
             reply = lp.parse_reply(payload)
         except lp.ProtocolError as exc:
@@ -223,36 +207,38 @@ class LineDriver(Driver):
             raise ControllerError(f"unexpected reply to {what!r}: {reply}")
         return reply
 
-    def _read_reply(self, unit: Unit, what: str, sent: int) -> str:
-        """The reply's payload without its address prefix."""
-        # The clock starts once the request is on the wire; write() returns earlier.
-        deadline = time.monotonic() + self.reply_timeout_s + self.timing.chars_s(sent + lp.MAX_LINE)
+
+class LineReplies:
+    """Reply lines off the port: noise between them dropped, each reply's address split
+    off its payload."""
+
+    def __init__(self, port: SerialPort) -> None:
+        self.port = port
+        self._splitter = lp.LineSplitter(max_line=4 * lp.MAX_LINE)
+        self._lines: deque[bytes | None] = deque()
+
+    def clear(self) -> None:
+        self._splitter.clear()
+        self._lines.clear()
+
+    def next_reply(self, deadline: float) -> tuple[int | None, str] | None:
         while True:
-            if time.monotonic() >= deadline:
-                raise ControllerUnavailable(f"no reply to {what!r} within {self.reply_timeout_s} s")
-            chunk = self.port.read(4 * lp.MAX_LINE, deadline)
-            if not chunk:
-                continue
-            for line in self._splitter.feed(chunk):
+            while self._lines:
+                line = self._lines.popleft()
                 if line is None:
-                    raise ControllerError(f"reply to {what!r} too long")
+                    raise CorruptReply("too long")
                 log.debug("received %r", line)
                 try:
                     frame = lp.salvage_reply(line)
-                except lp.FramingError as exc:
-                    raise ControllerError(f"corrupted reply to {what!r}: {exc}") from exc
-                if frame is None:
-                    log.debug("discarded noise %r", line)
-                    continue
-                try:
-                    address, payload = lp.split_address(frame.payload)
-                except lp.ProtocolError as exc:
-                    raise ControllerError(f"corrupted reply to {what!r}: {exc}") from exc
-                if address != unit.address:
-                    # Another unit's late reply (or a point-to-point reply on a bus).
-                    log.debug("discarded a reply from address %s", address)
-                    continue
-                return payload
+                    if frame is None:
+                        log.debug("discarded noise %r", line)
+                        continue
+                    return lp.split_address(frame.payload)
+                except (lp.FramingError, lp.ProtocolError) as exc:
+                    raise CorruptReply(str(exc)) from exc
+            if time.monotonic() >= deadline:
+                return None
+            self._lines.extend(self._splitter.feed(self.port.read(4 * lp.MAX_LINE, deadline)))
 
 
 def _line_map(unit: Unit) -> LineProfile | None:

@@ -20,11 +20,10 @@ import threading
 import time
 
 from agent.controller import modbus_rtu as rtu
-from agent.controller.driver import Driver, Gate, Unit, open_gate
+from agent.controller.driver import CorruptReply, Driver, Gate, Unit, open_gate
 from agent.controller.interface import (
     ControllerError,
     ControllerState,
-    ControllerUnavailable,
     InvalidSetpoint,
     Limits,
     PointValue,
@@ -109,6 +108,7 @@ class ModbusDriver(Driver):
         # The end of a frame cut short: the line quiet for 1.5 character times (RTU's
         # inter-character timeout), or a network's hiccup, whichever is longer.
         self.gap_s = max(self.timing.chars_s(2), NETWORK_GAP_S)
+        self._replies = RtuReplies(self.port, self.gap_s)
 
     @property
     def poll_frame(self) -> tuple[int, int]:
@@ -137,42 +137,20 @@ class ModbusDriver(Driver):
             options = dataclasses.replace(options, unit_id=unit.address)
         return options
 
-    def _exchange(self, unit: Unit, what: str, request: bytes, gate: Gate) -> list[int] | None:
+    def _transact(self, unit: Unit, what: str, request: bytes, gate: Gate) -> list[int] | None:
         """One request and its reply: the registers read, or None for a write's echo."""
-        expected = rtu.reply_bytes(request)
-        self._wait_out_late_reply(self.port.wait_for_quiet, unit.address)
-        self.port.discard_input()
-        last_look = self.pass_gate(gate, self.transaction_s(len(request), expected), what)
-        self.port.send(request, last_look)
-        # The reply's first byte is due a turnaround after the request's last one; the
-        # clock starts when write() returns, before the request is on the wire.
-        deadline = time.monotonic() + self.timing.chars_s(len(request)) + self.reply_timeout_s
-        head = self.port.read_exactly(rtu.HEADER_BYTES, deadline, self.gap_s)
-        if not head:
-            self._late_reply_possible(unit.address)
-            self._timed_out(unit)
-            raise ControllerUnavailable(f"no reply to {what} within {self.reply_timeout_s:g} s")
-        length = rtu.reply_length(head)
-        reply = head
-        if length is not None and length > len(head):
-            reply += self.port.read_exactly(
-                length - len(head), time.monotonic() + self.gap_s, self.gap_s
-            )
+        lasts_s = self.transaction_s(len(request), rtu.reply_bytes(request))
+        reply = self._exchange(unit, what, request, self._replies, lasts_s, gate)
         try:
             answer = rtu.parse_reply(request, reply)
         except rtu.FrameError as exc:
             self.stats.corrupt_replies += 1
             raise ControllerError(f"{what}: {exc}") from exc
-        self._exchange_completed(unit.address)
         if isinstance(answer, rtu.ExceptionReply):
             raise ModbusRefused(
                 f"controller refused {what}: Modbus exception {answer.code}", answer.code
             )
         return answer
-
-    def _timed_out(self, unit: Unit) -> None:
-        self.stats.timeouts += 1
-        self.stats.per_unit_timeouts[unit.name] = self.stats.per_unit_timeouts.get(unit.name, 0) + 1
 
     def _read_registers(
         self,
@@ -190,7 +168,7 @@ class ModbusDriver(Driver):
             if index:
                 self._silent_interval()
             what = f"read of {count} register(s) at {first} (function {function})"
-            registers = self._exchange(
+            registers = self._transact(
                 unit, what, rtu.read_request(unit_id, function, first, count), gate
             )
             if registers is None or len(registers) < count:
@@ -289,7 +267,7 @@ class ModbusDriver(Driver):
         what = f"write of {value} to register {m.setpoint_register}"
         request = rtu.write_request(m.unit_id, m.write_function, m.setpoint_register, raw)
         try:
-            self._exchange(unit, what, request, gate)
+            self._transact(unit, what, request, gate)
         except ModbusRefused as exc:
             if exc.exception_code == ILLEGAL_DATA_VALUE:
                 raise SetpointRejected(str(exc)) from exc
@@ -314,7 +292,7 @@ class ModbusDriver(Driver):
         unit_id = self.register_map(unit).unit_id
         request = rtu.write_request(unit_id, spec.write_function, spec.register, raw)
         try:
-            self._exchange(unit, what, request, gate)
+            self._transact(unit, what, request, gate)
         except ModbusRefused as exc:
             if exc.exception_code == ILLEGAL_DATA_VALUE:
                 raise SetpointRejected(
@@ -335,6 +313,32 @@ class ModbusDriver(Driver):
             return points.decode(point, registers[key])
         except InvalidValue as exc:
             raise ControllerError(f"{unit.name}: {exc}") from exc
+
+
+class RtuReplies:
+    """Reply frames off the port, each read by the length its first bytes tell; the line
+    quiet for `gap_s` ends a frame cut short."""
+
+    def __init__(self, port: SerialPort, gap_s: float) -> None:
+        self.port = port
+        self.gap_s = gap_s
+
+    def clear(self) -> None:
+        """Nothing kept between frames: each is read whole."""
+
+    def next_reply(self, deadline: float) -> tuple[int | None, bytes] | None:
+        reply = self.port.read_exactly(rtu.HEADER_BYTES, deadline, self.gap_s)
+        if not reply:
+            return None
+        length = rtu.reply_length(reply)
+        if length is not None and length > len(reply):
+            reply += self.port.read_exactly(
+                length - len(reply), time.monotonic() + self.gap_s, self.gap_s
+            )
+        # Only a good CRC makes the first byte the address of the unit that answered.
+        if length is None or len(reply) < length or rtu.crc(reply) != 0:
+            raise CorruptReply(f"a bad CRC or a reply cut short: {reply.hex(' ')}")
+        return reply[0], reply
 
 
 def _modbus_map(unit: Unit) -> ModbusProfile | None:

@@ -141,7 +141,7 @@ def validate(point: Point, value: PointValue, limits: Limits | None) -> PointVal
         try:
             return validate_setpoint(value, limits)
         except InvalidSetpoint as exc:
-            raise InvalidValue(refusal(point, value, limits, exc.reason)) from None
+            raise InvalidValue(_why_out_of_limits(point, value, limits, exc.reason)) from None
     if point.kind is Kind.CHOICE:
         if value not in point.choices:
             raise InvalidValue(f"{value!r} is not one of {', '.join(point.choices)}")
@@ -151,7 +151,7 @@ def validate(point: Point, value: PointValue, limits: Limits | None) -> PointVal
     return value
 
 
-def refusal(point: Point, value: object, limits: Limits, reason: str) -> str:
+def _why_out_of_limits(point: Point, value: object, limits: Limits, reason: str) -> str:
     """Why a number was refused, as a person reads it: `99 is above the limit 35`."""
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         if value > limits.max:

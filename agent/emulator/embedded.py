@@ -8,11 +8,12 @@ import ssl
 from pathlib import Path
 from types import TracebackType
 
+from agent.client.shown import show_key
 from agent.emulator.authn import Authenticator
 from agent.emulator.authz import Access, AuthorizationRules, ClientIdentity
 from agent.emulator.broker import Broker, DisconnectReason
-from agent.emulator.limits import BrokerLimits
-from agent.emulator.persistence import StoreJournal
+from agent.emulator.limits import BrokerLimits, StoreLimits
+from agent.emulator.persistence import FsyncPolicy, StoreJournal
 from agent.emulator.service import StoreService, monotonic_ms, wall_clock_ms
 from agent.emulator.store import Authorizer, StateStore
 from agent.protocol import topics
@@ -67,6 +68,8 @@ class EmbeddedStateStore:
         ssl_context: ssl.SSLContext | None = None,
         limits: BrokerLimits | None = None,
         data_dir: Path | None = None,
+        fsync: FsyncPolicy = FsyncPolicy.ALWAYS,
+        store_limits: StoreLimits | None = None,
     ) -> None:
         self.broker = Broker(
             host,
@@ -80,7 +83,7 @@ class EmbeddedStateStore:
         self._rules = rules
         key_authorizer = self._may_access if authorizer is not None or rules is not None else None
         self.journal = (
-            None if data_dir is None else StoreJournal(data_dir, wall_clock_ms, monotonic_ms)
+            None if data_dir is None else StoreJournal(data_dir, wall_clock_ms, monotonic_ms, fsync)
         )
         self.store = StateStore(
             wall_clock_ms,
@@ -88,6 +91,7 @@ class EmbeddedStateStore:
             quota=quota,
             authorizer=key_authorizer,
             journal=self.journal,
+            limits=store_limits,
         )
         self._journal_retry: asyncio.TimerHandle | None = None
         self.service = StoreService(
@@ -107,7 +111,9 @@ class EmbeddedStateStore:
         identity = self.broker.identity(client_id) or ClientIdentity(client_id)
         allowed = self._rules.may_access_key(identity, key, access)
         if not allowed:
-            log.info("%s may not %s key %r: no rule grants it", client_id, access.value, key)
+            log.info(
+                "%s may not %s key %s: no rule grants it", client_id, access.value, show_key(key)
+            )
         return allowed
 
     def _client_gone(self, client_id: str, reason: DisconnectReason) -> None:
@@ -127,7 +133,7 @@ class EmbeddedStateStore:
 
     async def start(self) -> None:
         if self.journal is not None:
-            await asyncio.to_thread(self._load)
+            await asyncio.to_thread(self._load, asyncio.get_running_loop())
         try:
             await self.broker.start()
         except BaseException:
@@ -144,7 +150,7 @@ class EmbeddedStateStore:
         loop = asyncio.get_running_loop()
         self._journal_retry = loop.call_later(_JOURNAL_RETRY_S, self._retry_journal)
 
-    def _load(self) -> None:
+    def _load(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self.journal is not None
         loaded = self.journal.load()
         kept = sum(
@@ -153,7 +159,7 @@ class EmbeddedStateStore:
         )
         if loaded.clock_bound is not None:
             self.store.restore_clock(loaded.clock_bound)
-        self.journal.open(self.store.entries, self.store.clock.current)
+        self.journal.open(self.store.entries, self.store.clock.current, self.service.on_kept, loop)
         log.info(
             "%d keys loaded from %s (%d expired meanwhile)",
             kept,

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from agent.client.session import Session
 from agent.config import MqttSettings
+from agent.emulator.limits import StoreLimits
 from agent.emulator.service import StoreService, monotonic_ms, wall_clock_ms
 from agent.emulator.store import Authorizer, StateStore
 from agent.message import Message
@@ -63,6 +64,7 @@ class ExternalStateStore:
         quota: int | None = None,
         authorizer: Authorizer | None = None,
         settings: MqttSettings | None = None,
+        store_limits: StoreLimits | None = None,
     ) -> None:
         host, port = parse_mqtt_url(url)
         self.url = f"mqtt://{host}:{port}"
@@ -70,7 +72,9 @@ class ExternalStateStore:
         base = settings or MqttSettings(reconnect_max_s=2.0)
         self._settings = base.model_copy(update={"host": host, "port": port})
         self.session = Session(self._settings, client_id=f"statestore-{uuid.uuid4().hex[:12]}")
-        self.store = StateStore(wall_clock_ms, monotonic_ms, quota=quota, authorizer=authorizer)
+        self.store = StateStore(
+            wall_clock_ms, monotonic_ms, quota=quota, authorizer=authorizer, limits=store_limits
+        )
         self.service = StoreService(self.store, self._publish)
         self._sends: set[asyncio.Task[None]] = set()
 

@@ -73,6 +73,25 @@ class BrokerLimits:
         return cls(max_connections=_default_max_connections())
 
 
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    """What the state store holds for one client, and the longest key it takes.
+
+    - ``max_key_size``: a SET or KEYNOTIFY on a longer key is refused.
+    - ``max_registrations``: KEYNOTIFY registrations one client may hold at once.
+    - ``max_registration_bytes``: the bytes of those registrations' key names together.
+    """
+
+    max_key_size: int = 64 * KIB
+    max_registrations: int = 4096
+    max_registration_bytes: int = 1 * MIB
+
+    def __post_init__(self) -> None:
+        for name in ("max_key_size", "max_registrations", "max_registration_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+
+
 class TokenBucket:
     """``rate`` events per second on average, bursts of at most ``burst``; time injected."""
 

@@ -1,6 +1,13 @@
 """The state store service: moves requests from MQTT into the pure `StateStore` and its
 replies and notifications back out.
 
+With a journal (``--data-dir``), what a request caused goes out only once the records made
+before its reply are kept (``journal.durable``): its reply and notifications are held, in
+order, until then. A reply held behind a record that could not be kept (a full disk) is
+answered ``-ERR the store cannot write to its disk`` instead, the store having taken the
+record's change back, and its notifications are dropped: nobody learns of a change the
+store does not keep.
+
 `StoreService` knows nothing of how messages arrive. Two hosts drive it:
 - the embedded broker (`embedded.py`), which tells it each sender's client id and every
   disconnect, as the real broker does;
@@ -13,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from agent.emulator.store import KeyNotification, Outcome, Reply, StateStore
+from agent.emulator.store import DISK_FAILED, KeyNotification, Outcome, Reply, StateStore
 from agent.message import Message
 from agent.protocol import topics
 from agent.protocol.resp3 import ErrorReply, encode_response
@@ -26,6 +35,7 @@ log = logging.getLogger(__name__)
 # service error (protocol.md §2), and an answer, even this one, beats a timeout.
 INTERNAL_ERROR = "internal error"
 _INTERNAL_ERROR_REPLY = encode_response(ErrorReply(INTERNAL_ERROR))
+_DISK_FAILED_REPLY = encode_response(ErrorReply(DISK_FAILED))
 # After expire() failed, when to try again (it is retried, never given up).
 _EXPIRY_RETRY_S = 0.1
 
@@ -36,6 +46,16 @@ def wall_clock_ms() -> int:
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """What one request (or one expiry) caused, waiting for record ``record`` to be kept."""
+
+    record: int
+    request: Message | None
+    reply: Reply | None
+    notifications: list[KeyNotification]
 
 
 class StoreService:
@@ -50,6 +70,9 @@ class StoreService:
         self._disconnect = disconnect
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._expiry_deadline: int | None = None
+        # Bounded by what the clients may have in flight (the broker's receive maximum).
+        self._held: deque[_Held] = deque()
+        self._closed = False
 
     def on_request(self, sender: str | None, message: Message) -> None:
         """Executes one PUBLISH on the invoke topic. `sender` is None when unknown."""
@@ -86,10 +109,60 @@ class StoreService:
                 "request from %s failed in the store; answered %r", client_id, INTERNAL_ERROR
             )
             outcome = Outcome(Reply(_INTERNAL_ERROR_REPLY, self.store.clock.current))
-        self._send(self._response(message, outcome.reply))
-        for notification in outcome.notifications:
-            self._send(self._notification(notification))
+        self._out(message, outcome.reply, outcome.notifications)
         self._schedule_expiry()
+
+    def _out(
+        self,
+        request: Message | None,
+        reply: Reply | None,
+        notifications: list[KeyNotification],
+    ) -> None:
+        """Sends a reply and notifications now, or once the records before them are kept."""
+        journal = self.store.journal
+        if journal is not None and (self._held or journal.appended > journal.durable):
+            self._held.append(_Held(journal.appended, request, reply, notifications))
+            return
+        self._deliver(request, reply, notifications)
+
+    def _deliver(
+        self,
+        request: Message | None,
+        reply: Reply | None,
+        notifications: list[KeyNotification],
+    ) -> None:
+        if request is not None and reply is not None:
+            self._send(self._response(request, reply))
+        for notification in notifications:
+            self._send(self._notification(notification))
+
+    def on_kept(self, kept: int, error: OSError | None) -> None:
+        """The journal's listener: records up to ``kept`` are kept; with ``error``, the
+        ones after it could not be, and what waits on them is answered with the error."""
+        self.store.kept(kept)
+        if self._closed:
+            return
+        held = self._held
+        while held and held[0].record <= kept:
+            item = held.popleft()
+            self._deliver(item.request, item.reply, item.notifications)
+        if error is None:
+            return
+        taken_back = self.store.take_back(kept)
+        answered = len(held)
+        while held:
+            item = held.popleft()
+            if item.request is not None and item.reply is not None:
+                failed = Reply(_DISK_FAILED_REPLY, item.reply.timestamp)
+                self._send(self._response(item.request, failed))
+        log.error(
+            "%d changes taken back and %d requests answered %r: their records could not be "
+            "written (%s)",
+            taken_back,
+            answered,
+            DISK_FAILED,
+            error,
+        )
 
     def _send_expired(self) -> bool:
         """Expires what is due and notifies it; False (said in the log) if the store could
@@ -100,8 +173,8 @@ class StoreService:
         except Exception:
             log.exception("expiring keys failed; retrying in %s s", _EXPIRY_RETRY_S)
             return False
-        for notification in notifications:
-            self._send(self._notification(notification))
+        if notifications:
+            self._out(None, None, notifications)
         return True
 
     def _send(self, message: Message) -> None:
@@ -114,6 +187,9 @@ class StoreService:
         self.store.client_gone(client_id)
 
     def close(self) -> None:
+        """Stops sending: what is held when the broker stops was never acknowledged."""
+        self._held.clear()
+        self._closed = True
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None

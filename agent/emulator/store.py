@@ -8,11 +8,13 @@ and the notifications it causes; `expire()` deletes what has expired. The MQTT s
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from agent.emulator.authz import Access
+from agent.emulator.limits import StoreLimits
 from agent.protocol import errors
 from agent.protocol.hlc import (
     MAX_CLOCK_DRIFT_MS,
@@ -53,12 +55,14 @@ class Journal(Protocol):
     """Where the store reports its changes to be kept (``persistence.StoreJournal``)."""
 
     def writable(self) -> bool:
-        """Whether changes are kept now; while not, the store refuses writes."""
+        """Whether a SET is kept now; while not, the store refuses SETs (deletes go on)."""
         ...
 
-    def put(self, key: bytes, entry: Entry) -> None: ...
+    def put(self, key: bytes, entry: Entry) -> int:
+        """Queues the change to be kept; returns its record's number (increasing)."""
+        ...
 
-    def delete(self, key: bytes) -> None: ...
+    def delete(self, key: bytes) -> int: ...
 
     def observe_clock(self, current: Hlc) -> None:
         """Called after each request and each expiry, once its changes are made."""
@@ -68,7 +72,10 @@ class Journal(Protocol):
 # The answer to a write while the journal cannot keep it (a full disk); clients keep an
 # unknown text as a generic service error (protocol.md §2).
 DISK_FAILED = "the store cannot write to its disk"
-_WRITES = (b"SET", b"DEL", b"VDEL")
+# The local store's own bounds (limits.StoreLimits), each with a text of its own.
+KEY_TOO_LONG = "the key is longer than the store accepts"
+TOO_MANY_REGISTRATIONS = "this client holds as many registrations as it may"
+REGISTRATIONS_TOO_LARGE = "this client's registrations' key names take all the bytes they may"
 
 # The node id a restored clock bound is merged under: never the service's own.
 _RESTORED_NODE = "~restored"
@@ -213,7 +220,9 @@ class StateStore:
         authorizer: Authorizer | None = None,
         max_drift_ms: int = MAX_CLOCK_DRIFT_MS,
         journal: Journal | None = None,
+        limits: StoreLimits | None = None,
     ) -> None:
+        self.limits = limits or StoreLimits()
         self.clock = HybridLogicalClock(node_id, wall_clock, max_drift_ms)
         self._wall_clock = wall_clock
         self._monotonic = monotonic_clock
@@ -226,8 +235,12 @@ class StateStore:
         # object kept here (a key name may be as long as a packet), not to a copy of its own.
         self._watchers: dict[bytes, _Watch] = {}
         self._watched_by: dict[str, set[bytes]] = {}
+        self._registered_bytes: dict[str, int] = {}  # of each client's registered names
         # (deadline, key); stale when the key was rewritten or deleted since, skipped then.
         self._deadlines: list[tuple[int, bytes]] = []
+        # With a journal: (record number, key, its entry before) of each change not yet kept,
+        # to take it back if its record cannot be (``take_back``).
+        self._unkept: deque[tuple[int, bytes, Entry | None]] = deque()
 
     # ------------------------------------------------------------------ queries
 
@@ -312,17 +325,39 @@ class StateStore:
         while self._deadlines and self._deadlines[0][0] <= now:
             _, key = heapq.heappop(self._deadlines)
             now_ts = self.clock.tick()
-            del self._entries[key]
             if self.journal is not None:
-                self.journal.delete(key)
+                self._unkept.append((self.journal.delete(key), key, self._entries[key]))
+            del self._entries[key]
             notifications += self._notify(key, Notification("DELETE"), now_ts)
             self._drop_stale_deadlines()
             if self.journal is not None:
                 self.journal.observe_clock(self.clock.current)
         return notifications
 
+    def kept(self, record: int) -> None:
+        """The journal kept every record up to this number: their changes stay."""
+        unkept = self._unkept
+        while unkept and unkept[0][0] <= record:
+            unkept.popleft()
+
+    def take_back(self, kept: int) -> int:
+        """Undoes every change whose record came after ``kept`` (they could not be kept),
+        the latest first; returns how many."""
+        count = 0
+        while self._unkept and self._unkept[-1][0] > kept:
+            _, key, before = self._unkept.pop()
+            count += 1
+            if before is None:
+                self._entries.pop(key, None)
+                continue
+            self._entries[key] = before
+            if before.expires_at_ms is not None:
+                heapq.heappush(self._deadlines, (before.expires_at_ms, key))
+        return count
+
     def client_gone(self, client_id: str) -> None:
         """The service keeps nothing for an absent client (protocol.md §7)."""
+        self._registered_bytes.pop(client_id, None)
         for key in self._watched_by.pop(client_id, set()):
             watchers = self._watchers.get(key)
             if watchers is not None:
@@ -355,6 +390,8 @@ class StateStore:
         options = _parse_set_options(args[3:]) if command == b"SET" else None
         if command == b"KEYNOTIFY" and len(args) == 3 and args[2].upper() != b"STOP":
             raise _Refused(errors.SYNTAX_ERROR)
+        if len(key) > self.limits.max_key_size and (command == b"SET" or len(args) == 2):
+            raise _Refused(KEY_TOO_LONG)  # a SET, or a KEYNOTIFY that is no STOP
 
         request_ts = _parse_timestamp(ts_text)
         if request_ts is None and command == b"SET":
@@ -369,7 +406,7 @@ class StateStore:
             access = Access.READ if command in (b"GET", b"KEYNOTIFY") else Access.WRITE
             if not self._authorizer(client_id, key, access):
                 raise _Refused(errors.NOT_AUTHORIZED)
-        if command in _WRITES and self.journal is not None and not self.journal.writable():
+        if command == b"SET" and self.journal is not None and not self.journal.writable():
             raise _Refused(DISK_FAILED)
         if request_ts is not None:
             self.clock.receive(request_ts)
@@ -419,7 +456,8 @@ class StateStore:
         expires = None if options.expiry_ms is None else self._monotonic() + options.expiry_ms
         new_entry = Entry(value, version, stored_token, expires)
         if self.journal is not None:
-            self.journal.put(key, new_entry)  # first: if it fails, nothing has changed
+            # First: if it raises, nothing has changed.
+            self._unkept.append((self.journal.put(key, new_entry), key, entry))
         self._entries[key] = new_entry
         if expires is not None:
             heapq.heappush(self._deadlines, (expires, key))
@@ -446,7 +484,7 @@ class StateStore:
             result = -1
         else:
             if self.journal is not None:
-                self.journal.delete(key)
+                self._unkept.append((self.journal.delete(key), key, entry))
             del self._entries[key]
             reply = Reply(encode_response(1), now)
             return Outcome(reply, self._notify(key, Notification("DELETE"), now))
@@ -454,21 +492,31 @@ class StateStore:
 
     def _keynotify(self, client_id: str, key: bytes, *, stop: bool) -> Outcome:
         watchers = self._watchers.get(key)
-        if not stop and watchers is None and self._past_quota(key):
-            raise _Refused(errors.QUOTA_EXCEEDED)
+        registered = watchers is not None and client_id in watchers.clients
+        if not stop and not registered:
+            if len(self._watched_by.get(client_id, ())) >= self.limits.max_registrations:
+                raise _Refused(TOO_MANY_REGISTRATIONS)
+            held = self._registered_bytes.get(client_id, 0)
+            if held + len(key) > self.limits.max_registration_bytes:
+                raise _Refused(REGISTRATIONS_TOO_LARGE)
+            if watchers is None and self._past_quota(key):
+                raise _Refused(errors.QUOTA_EXCEEDED)
         now = self.clock.tick()
         if stop:
-            if watchers is None or client_id not in watchers.clients:
+            if watchers is None or not registered:
                 return Outcome(Reply(encode_response(0), now))
             del watchers.clients[client_id]
             if not watchers.clients:
                 del self._watchers[key]
             self._watched_by[client_id].discard(key)
+            self._registered_bytes[client_id] -= len(key)
             return Outcome(Reply(encode_response(OK), now))
         if watchers is None:
             watchers = self._watchers[key] = _Watch(key)
-        watchers.clients[client_id] = None
-        self._watched_by.setdefault(client_id, set()).add(watchers.name)
+        if not registered:
+            watchers.clients[client_id] = None
+            self._watched_by.setdefault(client_id, set()).add(watchers.name)
+            self._registered_bytes[client_id] = self._registered_bytes.get(client_id, 0) + len(key)
         return Outcome(Reply(encode_response(OK), now))
 
     def _notify(self, key: bytes, notification: Notification, ts: Hlc) -> list[KeyNotification]:

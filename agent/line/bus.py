@@ -430,13 +430,13 @@ class Bus:
             garbled = self.driver.stats.corrupt_replies != corrupt_before
             self._count(op, CORRUPT if garbled else TIMEOUT, started)
             self._in_doubt(op)
-            self._settle(op, Outcome.TIMEOUT)
+            self._settle(op, Outcome.TIMEOUT, time.monotonic() - started)
             return None, exc
         except ControllerError as exc:
             garbled = self.driver.stats.corrupt_replies != corrupt_before
             self._count(op, CORRUPT if garbled else EXCEPTION, started)
             self._in_doubt(op)
-            self._settle(op, Outcome.ERROR)
+            self._settle(op, Outcome.ERROR, time.monotonic() - started)
             return None, exc
         except Exception as exc:
             # A driver bug or an undocumented library exception: the unit's fault as far

@@ -26,10 +26,12 @@ in a row, a due probe or poll takes a turn (never between an urgent read and its
 that under a sustained stream of remote changes panel changes are still seen and a unit
 that came back is still found.
 
-A slow device (its transactions take `SLOW_FACTOR` times a poll's line time or more) costs
-the others at most one of its transactions per change: it is polled less often (its polls
-take at most `SLOW_SHARE` of the line), and no poll starts that would still be on the line
-when a waiting write becomes due.
+A slow device (its transactions take `SLOW_FACTOR` times a poll's line time or more,
+answered or not: a unit that times out holds the line for its reply timeout and the wait for
+its late reply) costs the others at most one of its transactions per change: no poll of it
+starts that would still be on the line when a waiting write becomes due, and one that
+answers slowly is polled less often (its polls take at most `SLOW_SHARE` of the line; one
+that does not answer is quarantined after its timeouts in a row, then probed).
 """
 
 from __future__ import annotations
@@ -325,14 +327,17 @@ class BusSchedule:
             self._held_until = float("-inf")
         if outcome is Outcome.LINE_DOWN:
             return Verdict()
-        if outcome is Outcome.OK and took_s is not None and op.kind is not Kind.WRITE:
+        if took_s is not None and op.kind is not Kind.WRITE:
+            # What its transactions cost the line, answered or not (a write's includes
+            # its read-back).
             device.took_s = (
                 took_s
                 if device.took_s is None
                 else SMOOTHING * took_s + (1 - SMOOTHING) * device.took_s
             )
-            if op.kind is Kind.POLL and self._is_slow(device.took_s):
-                # Its polls take at most SLOW_SHARE of the line.
+            if op.kind is Kind.POLL and outcome is Outcome.OK and self._is_slow(device.took_s):
+                # Its polls take at most SLOW_SHARE of the line. (One that does not answer is
+                # not spaced out so: its timeouts in a row quarantine it first.)
                 device.next_poll_at = now + max(self.poll_interval_s, device.took_s / SLOW_SHARE)
         if outcome is Outcome.ERROR:
             device.errors += 1
@@ -393,9 +398,11 @@ class BusSchedule:
     def _start_cycle(self, now: float) -> None:
         self._cycle.extend(self._order)
         self._cycle_started_at = now
-        # The next cycle is due one interval after this one started; if the line is slower
-        # than that, the next starts as soon as this one ends (no backlog builds up).
-        self._cycle_due_at = max(self._cycle_due_at + self.poll_interval_s, now)
+        # The next cycle is due one interval after this one started (the interval is the
+        # least time between two polls of a unit: a cycle that started late is no debt to
+        # catch up on with cycles back to back); if the line is slower than that, the next
+        # starts as soon as this one ends.
+        self._cycle_due_at = now + self.poll_interval_s
 
     def _end_cycle(self, now: float) -> None:
         if self._cycle_started_at is not None:

@@ -32,9 +32,10 @@ from agent.client.cli import (
     run_one_shot,
 )
 from agent.client.statestore import StateStoreClient
+from agent.config.nearest import suggestions
 from agent.ops import view
-from agent.ops.keys import KeyTemplates
-from agent.ops.names import EXIT_UNKNOWN, Reported, suggestions, unknown
+from agent.ops.keys import KeyTemplates, key_templates
+from agent.ops.names import EXIT_UNKNOWN, Reported, unknown
 from agent.ops.retained import Retained
 from agent.ops.target import reported, usable_name
 from agent.ops.watch import LineWatch
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         if args.instance is not None:
             usable_name(args.instance, "instance")
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
     return run_one_shot(args, NAME, lambda client: forget(client, args, templates), check)
 
 

@@ -4,8 +4,9 @@ Every takeover (from which instance, and why its lease ended: released, or expir
 it stopped renewing), switchover (who asked), pause and resume, and step-down (why), with
 its time, oldest first, as the line's active recorded them in `<line>\\history` (the newest
 100 or so are kept). Without an argument, every line whose agents have reported. `--last N`
-shows the newest N; `--json` prints them as JSON. A name no agent has reported is refused
-(--force to read it anyway). Connection settings as for `agent store`.
+shows the newest N; `--json` prints them as JSON. Times are UTC, as the agents record them.
+A name no agent has reported is refused (--force to read it anyway). Connection settings as
+for `agent store`.
 
 Exit codes: 0 shown (also when nothing is recorded yet), 1 a history that cannot be read,
 2 usage (a name that is not a valid line or device name included), 7 a name no agent has
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import sys
-from datetime import datetime
+import textwrap
 from typing import Any
 
 from agent.client.cli import (
@@ -30,7 +33,7 @@ from agent.client.cli import (
 from agent.client.statestore import StateStoreClient
 from agent.ops.history import Entry, InvalidHistory
 from agent.ops.history_store import read
-from agent.ops.keys import KeyTemplates
+from agent.ops.keys import KeyTemplates, key_templates
 from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
 from agent.ops.target import find, reported, usable_name
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         if args.target is not None:
             usable_name(args.target)
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
     return run_one_shot(args, NAME, lambda client: history(client, args, templates), check)
 
 
@@ -102,23 +105,36 @@ async def history(
     return code
 
 
-def _local(iso: str) -> str:
-    try:
-        moment = datetime.fromisoformat(iso.replace("Z", "+00:00"))
-    except ValueError:
-        return iso
-    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+ISO_UTC = re.compile(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d+)?Z")
+"""A time as the agents write it (ISO 8601, UTC), in an entry or in its why."""
 
 
-def show(line: str, entries: list[Entry] | None) -> str:
-    """A line's history, one entry a row, oldest first; the reason left whole."""
+KEEP_TOGETHER = "\xa0"
+"""Between a time's date and hour: never wrapped apart (textwrap splits at ASCII spaces)."""
+
+
+def _utc(text: str) -> str:
+    """Every time in `text` as the table shows times: UTC, to the second."""
+    return ISO_UTC.sub(lambda m: f"{m.group(1)}{KEEP_TOGETHER}{m.group(2)}", text)
+
+
+def show(line: str, entries: list[Entry] | None, width: int | None = None) -> str:
+    """A line's history, one entry a row, oldest first, every time in UTC (as the agents
+    record them, whatever this machine's zone); the reason wrapped under its column to
+    `width` (the terminal's), never cut."""
     if not entries:
         return f"Line {line}: no history recorded yet"
-    rows = [[_local(e.time), e.event, e.source or "-", e.to or "-", e.why] for e in entries]
-    headers = ["Time", "Event", "From", "To", "Why"]
+    width = width or shutil.get_terminal_size().columns
+    rows = [[_utc(e.time), e.event, e.source or "-", e.to or "-", _utc(e.why)] for e in entries]
+    headers = ["Time (UTC)", "Event", "From", "To", "Why"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:-1])]
+    indent = sum(widths) + 2 * len(widths)
+    room = max(20, width - indent)
 
     def row(cells: list[str]) -> str:
-        return "  ".join([*(c.ljust(w) for c, w in zip(cells, widths, strict=False)), cells[-1]])
+        lead = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False))
+        why = textwrap.wrap(cells[-1], room) or [""]
+        lines = [f"{lead}  {why[0]}", *(" " * indent + more for more in why[1:])]
+        return "\n".join(lines).replace(KEEP_TOGETHER, " ")
 
     return "\n".join([f"Line {line}:", row(headers), *(row(r) for r in rows)])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from agent.client.errors import FencingTokenLowerVersion, StateStoreError
 from agent.client.session import SessionError
@@ -34,17 +35,26 @@ class HistoryWriter:
         self._one_at_a_time = asyncio.Lock()
         self._failed_before = False
 
-    async def record(self, token: Hlc | None, entry: Entry) -> bool:
-        """Appends `entry`, fenced with `token` (None: not recorded, nothing to fence
-        with); whether it was written."""
-        if token is None:
+    async def record(
+        self, token: Hlc | None, *entries: Entry, leased: Callable[[], bool] = lambda: True
+    ) -> bool:
+        """Appends `entries`, fenced with `token` (None: not recorded, nothing to fence
+        with), if `leased()` still says the lease of `token` is held when it is written
+        (no write after the lease, even to the history); whether they were written."""
+        if token is None or not entries:
             return False
+        event = entries[-1].event
         async with self._one_at_a_time:
             try:
                 raw, _ = await self.client.get(self.key)
-                await self.client.set(self.key, append(raw, entry), fencing_token=token)
+                if not leased():
+                    log.debug("%s not recorded in %s: the lease ended", event, self.key)
+                    return False
+                for entry in entries:
+                    raw = append(raw, entry)
+                await self.client.set(self.key, raw, fencing_token=token)
             except FencingTokenLowerVersion:
-                log.debug("%s not recorded in %s: a newer active wrote it", entry.event, self.key)
+                log.debug("%s not recorded in %s: a newer active wrote it", event, self.key)
                 return False
             except (StateStoreError, SessionError, OSError) as exc:
                 level = logging.DEBUG if self._failed_before else logging.WARNING
@@ -53,7 +63,7 @@ class HistoryWriter:
                     level,
                     "could not record the %s in the line's history %s: %s (agent history "
                     "misses it; the line is served all the same, and this is said only once)",
-                    entry.event,
+                    event,
                     self.key,
                     exc,
                 )

@@ -8,12 +8,15 @@ reads the first two and writes the third with the lock's current version as fenc
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.client.cli import UsageError, env_file_of
 from agent.client.errors import FencingTokenLowerVersion
+from agent.client.line_env import readable
 from agent.client.statestore import SetResult, StateStoreClient
 from agent.config import (
     ENV_NESTED_DELIMITER,
@@ -36,6 +39,16 @@ class KeyTemplates(BaseSettings):
     keys: KeySettings = Field(default_factory=KeySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+
+def key_templates(args: argparse.Namespace) -> KeyTemplates:
+    """The templates a command uses: the environment's, over its env file's (as for its
+    connection; an --env-file that cannot be read is said there)."""
+    try:
+        env_file = readable(env_file_of(args))
+    except UsageError:
+        env_file = None
+    return KeyTemplates(_env_file=env_file, _env_file_encoding="utf-8")  # type: ignore[call-arg]
 
 
 class NoLine(LookupError):
@@ -93,13 +106,3 @@ async def fenced_set(
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def line_of(client: StateStoreClient, target: str, keys: KeySettings) -> tuple[str, bool]:
-    """The line a line or device id names, and whether it was a device: a device names its
-    line in `<device>\\line`; anything else is taken as a line's id (with the single-device
-    configuration the line is the device, and names itself)."""
-    value, _ = await client.get(keys.of("line", device=target, line=target))
-    if value is None:
-        return target, False
-    return value.decode(errors="replace"), True

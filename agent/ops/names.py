@@ -10,20 +10,15 @@ anyway (a line whose agents have not started yet).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config import check_id
+from agent.config.nearest import suggestions
 
 EXIT_UNKNOWN = 7
 """The exit code of an operator command given a name no agent has reported."""
-SUGGESTED = 3
-CLOSE = 0.6
-"""How alike (difflib's ratio) a known name must be to be suggested..."""
-AS_CLOSE = 0.1
-"""...and how much less alike than the closest one."""
 
 
 class BadName(ValueError):
@@ -100,20 +95,3 @@ def unknown(name: str, reported: Reported, *, devices_only: bool = False) -> str
     elif not known:
         text += " (no agent has reported anything: is this the broker they use?)"
     return text
-
-
-def suggestions(name: str, known: Iterable[str]) -> list[str]:
-    """The known names closest to `name`, best first: a case slip, a digit too many. Only
-    those about as close as the closest: a typo has one or two likely meanings."""
-    by_case = {k.casefold(): k for k in known}
-    exact = by_case.get(name.casefold())
-    if exact is not None and exact != name:
-        return [exact]
-    scored = sorted(
-        ((difflib.SequenceMatcher(None, name, k).ratio(), k) for k in by_case.values()),
-        key=lambda pair: (-pair[0], pair[1]),
-    )
-    if not scored or scored[0][0] < CLOSE:
-        return []
-    best = scored[0][0]
-    return [k for score, k in scored[:SUGGESTED] if score >= best - AS_CLOSE]

@@ -37,7 +37,7 @@ from agent.client.cli import (
 from agent.client.statestore import Condition, StateStoreClient
 from agent.ops import view
 from agent.ops.control import PauseNote, now_iso
-from agent.ops.keys import KeyTemplates
+from agent.ops.keys import KeyTemplates, key_templates
 from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
 from agent.ops.target import find, usable_name
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--wait must not be negative")
         usable_name(args.target)
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
     return run_one_shot(args, name, lambda client: pause(client, args, templates, name), check)
 
 

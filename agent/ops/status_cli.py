@@ -10,13 +10,15 @@ The view fits the terminal (80x24 when it is not one): the pair, every device wh
 fit, else the devices with a problem and a count of the others; `--all` lists every device.
 `--watch` redraws it in place until Ctrl-C, through broker outages (it says since when the
 broker is unreachable, and carries on when it is back); `--json` prints it all as JSON.
-Connection settings as for `agent store`.
+A name no agent has reported is refused (exit 7, naming close matches; --force to show it
+anyway, say a line whose agents have not started yet). Connection settings as for
+`agent store`.
 
 Exit codes: 0 ok (an active, a standby, every device answering and in sync), 1 no active
 (nobody holds the lock, or no agent has reported), 5 degraded (no standby, an instance
-failing or silent, a device not answering or not in sync), 6 paused; 2 usage, 3 service
-error, 4 connection failure or timeout (for --watch: the broker unreachable when it
-stopped). With several lines, the worst.
+failing or silent, a device not answering or not in sync), 6 paused, 7 a name no agent has
+reported; 2 usage, 3 service error, 4 connection failure or timeout (for --watch: the broker
+unreachable when it stopped). With several lines, the worst.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ from agent.client.errors import StateStoreError
 from agent.client.session import SessionError
 from agent.client.statestore import StateStoreClient
 from agent.ops import view
-from agent.ops.keys import KeyTemplates, line_of
+from agent.ops.keys import KeyTemplates, key_templates
+from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
+from agent.ops.target import find, usable_name
 from agent.ops.watch import LineWatch, health_filter, lines_reported
 
 NAME = "agent status"
@@ -82,6 +86,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--interval", type=float, default=1.0, metavar="SECONDS", help="with --watch (1)"
     )
+    parser.add_argument("--force", action="store_true", help="show a name no agent reported")
     connection_options(parser)
     parser.set_defaults(func=run)
 
@@ -90,8 +95,10 @@ def run(args: argparse.Namespace) -> int:
     def check() -> None:
         if args.interval <= 0:
             raise UsageError("--interval must be positive")
+        if args.target is not None:
+            usable_name(args.target)
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
 
     async def work(client: StateStoreClient) -> int:
         stop = _stop_event() if args.watch else asyncio.Event()
@@ -104,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             interval=args.interval,
             stop=stop,
             every=args.every,
+            force=args.force,
         )
 
     return run_one_shot(args, NAME, work, check)
@@ -118,13 +126,19 @@ def _stop_event() -> asyncio.Event:
 
 
 async def watches(
-    client: StateStoreClient, retained: Retained, templates: KeyTemplates, target: str | None
+    client: StateStoreClient,
+    retained: Retained,
+    templates: KeyTemplates,
+    target: str | None,
+    *,
+    force: bool = False,
 ) -> list[LineWatch]:
-    """One watch per line: the target's, or every line that has reported."""
+    """One watch per line: the target's, or every line that has reported. A target nobody
+    reported is UnknownName, unless `force`."""
     keys, health = templates.keys, templates.health
     if target is not None:
-        line, was_device = await line_of(client, target, keys)
-        named = [LineWatch(client, retained, keys, health, line, target if was_device else None)]
+        found = await find(client, retained, templates, target, force=force)
+        named = [LineWatch(client, retained, keys, health, found.line, found.device)]
     else:
         await retained.follow(health_filter(health))
         await retained.settle()
@@ -149,14 +163,19 @@ async def show(
     footer: Callable[[int], list[str]] = lambda rows: [],
     footer_rows: int = 0,
     every: bool = False,
+    force: bool = False,
 ) -> int:
     """Prints the status of `target` (every line when None) once, or redraws it until
     `stop`; returns the exit code of the last view. The view fits the terminal with
-    `footer_rows` left under it, which `footer(rows left)` fills."""
+    `footer_rows` left under it, which `footer(rows left)` fills. A target nobody reported
+    is refused (exit 7) unless `force`."""
     stream = out or sys.stdout
     retained = Retained(client.session)
     try:
-        lines = await watches(client, retained, templates, target)
+        lines = await watches(client, retained, templates, target, force=force)
+    except UnknownName as exc:
+        print(f"{NAME}: {exc}; --force to show it anyway", file=sys.stderr)
+        return EXIT_UNKNOWN
     except ValueError as exc:  # a health topic template that cannot make a filter
         print(f"{NAME}: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import getpass
+import shutil
 import socket
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -37,7 +39,7 @@ from agent.client.lock import holder_instance
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.ops import view
 from agent.ops.control import SwitchoverRequest, now_iso
-from agent.ops.keys import KeyTemplates
+from agent.ops.keys import KeyTemplates, key_templates
 from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
 from agent.ops.target import find, usable_name
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--wait must be positive")
         usable_name(args.target)
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
     return run_one_shot(args, NAME, lambda client: switchover(client, args, templates), check)
 
 
@@ -157,8 +159,9 @@ async def switchover(
         gap = (at - released[0]) * 1000
         detail = f"; released after {(released[0] - started) * 1000:.0f} ms, "
         detail += f"taken {gap:.0f} ms later"
-    print(
+    said = (
         f"switched over line {line} from {old} to {successor} in "
         f"{(at - started) * 1000:.0f} ms{detail} (fencing token {token})"
     )
+    print(textwrap.fill(said, shutil.get_terminal_size().columns, subsequent_indent="  "))
     return EXIT_OK

@@ -126,6 +126,8 @@ class InstanceRow:
     """Devices another line claims too, left alone here: device, line."""
     problem: str | None = None
     """Why it says it is failing."""
+    reload_refused: str | None = None
+    """Why its last reload was refused, until one loads: its files would fail a restart."""
 
     @property
     def can_take_over(self) -> bool:
@@ -155,6 +157,8 @@ class DeviceRow:
     """Being reconciled after a takeover: store and unit may differ for a moment."""
     served_by: str | None = None
     """Another line that serves it (configured on both): this line leaves it alone."""
+    humidity: float | None = None
+    """Relative humidity (%), of a unit whose profile reads it."""
 
 
 @dataclass
@@ -261,6 +265,7 @@ def _instance_row(
         reconciling=reconciling if isinstance(reconciling, int) and up else None,
         conflicts=_conflicts(doc.get("conflicts")) if up else [],
         problem=_text(doc.get("problem")),
+        reload_refused=_text(doc.get("reload_refused")) if up else None,
     )
 
 
@@ -291,11 +296,14 @@ def _device_row(device: str, snapshot: DeviceSnapshot, holder: str | None, now: 
     elif not in_sync and not reconciling:
         problem = "not in sync"
     refused = status.get("refused")
-    refusal = (
-        f"{refused.get('point')} {refused.get('value')} refused: {refused.get('reason')}"
-        if isinstance(refused, dict)
-        else None
-    )
+    refusal = None
+    if isinstance(refused, dict):
+        when = parse_lock_version(_text(refused.get("version")))
+        ago = "" if when is None else f" {_age(max(0.0, now - when.wall_ms / 1000))} ago"
+        refusal = (
+            f"{refused.get('point')} {refused.get('value')} refused{ago}: {refused.get('reason')}"
+        )
+    points = status.get("points")
     return DeviceRow(
         refused=refusal,
         device=device,
@@ -310,6 +318,7 @@ def _device_row(device: str, snapshot: DeviceSnapshot, holder: str | None, now: 
         problem=problem,
         reconciling=reconciling and problem is None,
         served_by=served_by,
+        humidity=_number(points.get("humidity")) if isinstance(points, dict) else None,
     )
 
 
@@ -342,6 +351,11 @@ def _instance_problems(line: str, instances: list[InstanceRow], holder: str) -> 
         explained = True
     if not any(r.can_take_over for r in instances[1:]) and not explained:
         problems.append("no standby")
+    problems += [
+        f"{r.instance} refused a reload (a restart would fail the same way): {r.reload_refused}"
+        for r in instances
+        if r.reload_refused is not None
+    ]
     hashes = {r.config_hash for r in instances if r.up and r.config_hash}
     if len(hashes) > 1:
         shown = ", ".join(
@@ -528,23 +542,64 @@ def _sync(device: DeviceRow) -> str:
     return "" if device.in_sync is None else "yes" if device.in_sync else "no"
 
 
-def _device_table(report: Report, devices: list[DeviceRow], width: int | None) -> list[str]:
-    rows = [
+DEVICE_HEADERS = ["Device", "Store", "Unit", "Temp", "In sync", "Synced", "Problem, errors"]
+HUMIDITY_HEADER = "RH %"
+"""After Temp, on a line where a unit reads humidity."""
+
+
+def _errors(device: DeviceRow) -> str:
+    return ", ".join(f"{ERROR_NAMES.get(k, k)} {v}" for k, v in device.errors.items())
+
+
+def _device_headers(devices: list[DeviceRow]) -> list[str]:
+    if not any(d.humidity is not None for d in devices):
+        return DEVICE_HEADERS
+    at = DEVICE_HEADERS.index("Temp") + 1
+    return [*DEVICE_HEADERS[:at], HUMIDITY_HEADER, *DEVICE_HEADERS[at:]]
+
+
+def _device_rows(devices: list[DeviceRow]) -> list[list[str]]:
+    humid = HUMIDITY_HEADER in _device_headers(devices)
+    return [
         [
             d.device,
             _stored(d.store),
             _value(d.controller),
             _value(d.temperature),
+            *([_value(d.humidity)] if humid else []),
             _sync(d),
             "" if d.last_sync_age_s is None else age(d.last_sync_age_s) + " ago",
-            d.problem or ", ".join(f"{ERROR_NAMES.get(k, k)} {v}" for k, v in d.errors.items()),
+            d.problem or _errors(d),
         ]
         for d in devices
     ]
-    headers = ["Device", "Store", "Unit", "Temp", "In sync", "Synced", "Problem, errors"]
+
+
+def _last_column(devices: list[DeviceRow], width: int | None) -> int | None:
+    """How wide the devices table's last column can be in `width` (None: any width)."""
+    if width is None:
+        return None
+    rows, headers = _device_rows(devices), _device_headers(devices)
+    used = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers[:-1])]
+    return width - sum(used) - 3 * len(headers) - 1
+
+
+def _device_notes(device: DeviceRow, room: int | None) -> list[str]:
+    """The lines under the table for a device: its refusal, and its counters when the
+    table's cell cannot hold them all."""
+    notes = [] if device.refused is None else [f" {device.device}: {device.refused}"]
+    errors = _errors(device)
+    if device.problem is None and errors and room is not None and len(errors) > room:
+        notes.append(f" {device.device} errors: {errors}")
+    return notes
+
+
+def _device_table(report: Report, devices: list[DeviceRow], width: int | None) -> list[str]:
+    headers, rows = _device_headers(devices), _device_rows(devices)
     lines = table(f"Devices of {report.line}", headers, rows, width=width)
-    refusals = [f" {d.device}: {d.refused}" for d in devices if d.refused is not None]
-    return lines + [_cut(r, width) if width else r for r in refusals]
+    room = _last_column(devices, width)
+    notes = [note for d in devices for note in _device_notes(d, room)]
+    return lines + [_cut(n, width) if width else n for n in notes]
 
 
 def _device_lines(report: Report, rows: int | None, width: int | None, every: bool) -> list[str]:
@@ -554,8 +609,12 @@ def _device_lines(report: Report, rows: int | None, width: int | None, every: bo
     if not devices:
         return []
 
+    # A subset's columns are no wider than all devices': its notes are no more than these.
+    room = _last_column(devices, width)
+
     def cost(shown: list[DeviceRow]) -> int:
-        return 4 + len(shown) + sum(d.refused is not None for d in shown) if shown else 0
+        notes = sum(len(_device_notes(d, room)) for d in shown)
+        return 4 + len(shown) + notes if shown else 0
 
     if every or rows is None or cost(devices) <= rows:
         return _device_table(report, devices, width)

@@ -24,7 +24,7 @@ from typing import Any
 from agent.client.cli import EXIT_OK, UsageError, connection_options, run_one_shot
 from agent.client.statestore import StateStoreClient
 from agent.message import Message
-from agent.ops.keys import KeyTemplates
+from agent.ops.keys import KeyTemplates, key_templates
 from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
 from agent.ops.target import find, reported, usable_name
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         if args.target is not None:
             usable_name(args.target)
 
-    templates = KeyTemplates()
+    templates = key_templates(args)
     return run_one_shot(args, NAME, lambda client: watch(client, args, templates), check)
 
 

@@ -104,6 +104,8 @@ class Leadership:
         # Run before contending again after a lease the store no longer had: looks for a
         # proof that the store kept its contents (see store_kept_its_contents).
         self.look_before_contending: Callable[[], Awaitable[None]] | None = None
+        # Awaited by a takeover before anything else (the devices' keys watched at start).
+        self.ready_to_take_over: Callable[[], Awaitable[Any]] = _nothing_to_wait_for
         # Shown every change of the lock first (the line's history names former holders).
         self.on_lock_seen: Callable[[KeyChange], None] = lambda change: None
         self.taking_over_until: float | None = None
@@ -209,6 +211,7 @@ class Leadership:
         # Reconnect fast while the lease is held: a slow reconnect would cost the lease.
         self.session.set_reconnect_ceiling(max(0.05, self.ttl_ms / 12_000))
         async with self._role_change:
+            await self.ready_to_take_over()
             wait = self.lock_delay.wait_s(time.monotonic())
             if wait > 0:
                 log.info("holding the lock; waiting %.1f s for the previous lease to end", wait)
@@ -455,15 +458,36 @@ class Leadership:
             holder.decode(errors="replace"),
         )
 
-    def store_kept_its_contents(self) -> None:
-        """The lock was absent, and a sync record read after it was there.
+    def store_kept_its_contents(self, *, lock_absent_at: float | None = None) -> None:
+        """The lock was absent, or held this process's own value, and a sync record read
+        after it was there.
 
         Every active writes its records only under the lock delay, so a record that
         survived proves the store did not forget its contents since the last lease could
         have been granted: the lock's absence then means that lease expired or was
         released. No need to wait a TTL (at start, after a link outage) in that case.
+
+        The lock holding this process's own value (its renewals, still in flight when its
+        local deadline passed, kept the store's lease; it stepped down and has not driven
+        since) is the same case. The value names this process, and only it writes that
+        value, with SET NEX: the write that put it there found the lock absent or already
+        ours. If another holder held the lock in between, its lease had ended at the store
+        (expired, after its own deadline, or released, after it stopped) before that write
+        could land; what the wait is for, a store that forgot a lease still running and
+        handed the lock out again, is ruled out by the record as above. What this
+        process's own former lease sent and may still land carries an older token than its
+        new lease, and is refused once the takeover's fences are in, as any former holder's.
+
+        `lock_absent_at`: when the read that found the lock absent was sent, for a record
+        read a while after it (at start the devices' keys follow the lock's): the proof
+        holds only if nothing since counted as another holder (a live SET of the lock by
+        another, a link outage), for the lock is watched from that read on.
         """
-        self.lock_delay.seen_released(time.monotonic())
+        now = time.monotonic()
+        if lock_absent_at is not None and self.lock_delay.seen_held_since(lock_absent_at):
+            return
+        self.lock_delay.seen_released(now)
+        self._released.set()  # a takeover waiting out the delay looks again
 
     def lost_sight(self) -> None:
         """Back from a link outage: what happened at the store meanwhile is unknown."""
@@ -475,3 +499,7 @@ class Leadership:
         lease (until then nothing is written)."""
         await self.renew()
         return self.lock.confirmed and self.may_drive()
+
+
+async def _nothing_to_wait_for() -> None:
+    return None

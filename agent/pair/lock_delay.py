@@ -25,6 +25,7 @@ class LockDelay:
     ttl_s: float
     _ended_by: float = 0.0
     _released_at: float = float("-inf")
+    _held_seen_at: float = float("-inf")
 
     @classmethod
     def starting(cls, ttl_s: float, now: float) -> LockDelay:
@@ -44,6 +45,11 @@ class LockDelay:
         if asked_at is not None and asked_at < self._released_at:
             return
         self._ended_by = max(self._ended_by, now + self.ttl_s)
+        self._held_seen_at = max(self._held_seen_at, now)
+
+    def seen_held_since(self, moment: float) -> bool:
+        """Whether another holder (or a moment not seen) was counted after `moment`."""
+        return self._held_seen_at > moment
 
     def seen_released(self, now: float) -> None:
         """A live DELETE notification of the lock: the previous lease is over."""

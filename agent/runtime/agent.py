@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import random
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -32,15 +30,16 @@ from agent.pair.leadership import Leadership, Role
 from agent.runtime import jobs, reload, telemetry
 from agent.runtime.clock_guard import ClockStepDetector, StallDetector, stalled
 from agent.runtime.control import LineControl
-from agent.runtime.devices import make_sync, watch_device
+from agent.runtime.devices import make_sync, store_retry, watch_device, watch_devices
 from agent.runtime.driving import ActiveLine
 from agent.runtime.health import Health, InstanceView
-from agent.runtime.health_http import HealthEndpoint, UnusableSetting, open_endpoint
+from agent.runtime.health_http import HealthEndpoint, start_endpoint
 from agent.runtime.line import make_driver, warn_about
 from agent.runtime.line_history import LineHistory
 from agent.runtime.metrics import Metrics
 from agent.runtime.notify import Notifier
 from agent.runtime.readiness import Readiness
+from agent.runtime.reloading import ReloadVerdicts, runtime_directory
 from agent.runtime.reports import LineRate, device_snapshot, device_view, line_snapshot
 from agent.sync.device import DeviceSync
 
@@ -80,6 +79,12 @@ class Agent:
         self._clock_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
         self._line_rate = LineRate()
+        self._devices_watched = asyncio.Event()
+        """Set once every device's keys are watched (or left out): a takeover waits for it."""
+        self._lock_absent_at: float | None = None
+        """When the read that found the lock absent at start was sent (monotonic)."""
+        self._ended = asyncio.Event()
+        self._exit_code: int | None = None
         self.control: LineControl | None = None  # pause and switchover (agent.runtime.control)
         self.health = Health(
             settings, self.view, lambda: self.session, self.notifier.status, self.process
@@ -87,10 +92,11 @@ class Agent:
         self._endpoint: HealthEndpoint | None = None
         self.config_hash = config_hash(settings)
         self._reloading = asyncio.Lock()
+        self.reloads = ReloadVerdicts(runtime_directory())
         self.readiness = Readiness(settings.serial.url, self.line.id, settings.instance_id)
-        self.history = LineHistory(
-            settings, self.process, lambda: self.client, lambda: self.control, self._spawn
-        )
+        leased = lambda: self.leadership is not None and self.leadership.may_drive()  # noqa: E731
+        clients = (lambda: self.client, lambda: self.control)
+        self.history = LineHistory(settings, self.process, *clients, self._spawn, leased)
 
     # ------------------------------------------------------------------ state
 
@@ -105,21 +111,9 @@ class Agent:
         s = self.settings
         return s.client_id if s.mqtt.client_id else f"{s.client_id}-{self.process}"
 
-    @property
-    def active_event(self) -> asyncio.Event:
-        assert self.leadership is not None
-        return self.leadership.active_event
-
     def _log_fields(self) -> dict[str, str | None]:
         token = self.leadership.token if self.leadership is not None else None
         return {"role": self.role.value, "token": None if token is None else str(token)}
-
-    @property
-    def paused(self) -> bool:
-        return self.control is not None and self.control.paused
-
-    def names(self) -> tuple[str, str]:
-        return self.line.id, self.settings.instance_id
 
     def may_write(self) -> bool:
         paused = self.control is not None and self.control.paused
@@ -147,7 +141,7 @@ class Agent:
         # Before the broker: a port it cannot listen on is said at start, not after a wait.
         if not await self._start_endpoint():
             return EXIT_CONFIG
-        self.notifier.status("connecting to the broker")
+        self.notifier.status(f"connecting to the broker {s.mqtt.host}:{s.mqtt.port}")
         try:
             # Its errors name the settings to check as the agent's are set: variables.
             self.session = Session(
@@ -204,6 +198,9 @@ class Agent:
         assert self._driver is not None
         self.leadership.must_cover(self._driver.longest_transaction_s)
         self.leadership.look_before_contending = self._look_at_the_lock
+        # What each device's sync knows of the store comes from watching its keys, and a
+        # record among them may end the lock delay: a takeover starts once they are.
+        self.leadership.ready_to_take_over = self._devices_watched.wait
         self.leadership.on_lock_seen = self.history.saw_lock
         for device in self.line.devices:
             self.devices[device.id] = make_sync(
@@ -212,10 +209,7 @@ class Agent:
         try:
             if not await self._until_stopped(self._subscribe(), stop):
                 return await self._shutdown()
-            if not self.devices:
-                log.error("no device of line %s can be served: nothing to do", self.line.id)
-                await self._shutdown()
-                return EXIT_CONFIG
+            self._spawn(self._watch_devices())
             self.leadership.standing_by()
             # Renewals run from before the first acquisition: a slow takeover (waiting for
             # the previous lease, opening the line, reconciling) must not outlast the lease.
@@ -231,15 +225,15 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(READY_WAIT_S):
                         await asyncio.gather(*(d.wait_reconciled() for d in self.devices.values()))
-            self.notifier.ready(self._status_words())
+            self.notifier.ready(self.health.words())
             log.info("started as %s", self.role.value)
             self._add_periodic_jobs()
             if self.notifier.watchdog_interval_s:
                 self._spawn(self._watchdog(self.notifier.watchdog_interval_s))
-            await stop.wait()
+            await self._until_stopped(self._ended.wait(), stop)
         finally:
             code = await self._shutdown()
-        return code
+        return self._exit_code if self._exit_code is not None else code
 
     def _claim_port(self) -> None:
         url, directory = self.settings.serial.url, self.settings.serial.lock_dir
@@ -267,26 +261,25 @@ class Agent:
         return True
 
     async def _subscribe(self) -> None:
-        """Watch the lock, and each device's set point and sync record, retrying while the
-        service does not answer."""
+        """Watch the lock and the control keys, retrying while the service does not answer;
+        the devices' keys follow (_watch_devices). Over a slow link a start is counted in
+        round trips: the subscriptions go out together, then the lock and the control keys
+        together (a KEYNOTIFY each, then a GET each), then the contention, so that this
+        instance is a standby in a few round trips whatever the size of its line."""
         assert self.client is not None and self.session is not None
-        assert self.leadership is not None
-        delay = 0.5
+        assert self.leadership is not None and self.control is not None
+        retry = store_retry(self.settings.mqtt)
         while True:
             try:
-                await self.client.start()
-                # Another process with this instance id says so here (a cloned gateway).
-                await self.session.subscribe(self.health.topic, self.health.heard)
+                # Another process with this instance id says so on the health topic.
+                await asyncio.gather(
+                    self.client.start(),
+                    self.session.subscribe(self.health.topic, self.health.heard),
+                )
+                asked_at = time.monotonic()
                 # The lock before the records: see Leadership.store_kept_its_contents.
-                holder = await self.leadership.watch()
-                assert self.control is not None
-                await self.control.watch()
-                any_record = False
-                for device_id, sync in list(self.devices.items()):
-                    record = await self._watch_device(device_id, sync)
-                    any_record = any_record or record is not None
-                if holder is None and any_record:
-                    self.leadership.store_kept_its_contents()
+                holder, _ = await asyncio.gather(self.leadership.watch(), self.control.watch())
+                self._lock_absent_at = asked_at if holder is None else None
                 break
             except NotAuthorized as exc:
                 log.error(
@@ -295,19 +288,45 @@ class Agent:
                     self.settings.lock_key,
                     exc,
                 )
-                await asyncio.sleep(random.uniform(0, delay))
-                delay = min(delay * 2, self.settings.mqtt.reconnect_max_s)
+                await retry.sleep()
             except (StateStoreError, SessionError) as exc:
-                log.warning("state store not answering yet: %s", exc)
-                await asyncio.sleep(random.uniform(0, delay))
-                delay = min(delay * 2, self.settings.mqtt.reconnect_max_s)
+                # Within a TTL, as a reconnect: a start cut by outages is no standby until
+                # it gets here, and its peer may be the only instance left.
+                delay = retry.next_delay(ceiling=self.leadership.idle_reconnect_s)
+                log.warning("state store not answering yet: %s; trying again in %.2f s", exc, delay)
+                await asyncio.sleep(delay)
         self.session.on_connect(self._on_reconnect)
 
-    async def _watch_device(self, device_id: str, sync: DeviceSync) -> bytes | None:
-        """Watches a device's keys (agent.runtime.devices); one that cannot be served is
-        left out. Returns its sync record."""
+    async def _watch_devices(self) -> None:
+        """Every device's keys, watched while the start goes on. A takeover waits for them;
+        a line none of whose devices can be served ends the process."""
+        assert self.leadership is not None
+        leadership, absent_at = self.leadership, self._lock_absent_at
+
+        def record_found() -> None:
+            if absent_at is not None:
+                leadership.store_kept_its_contents(lock_absent_at=absent_at)
+
+        try:
+            await watch_devices(
+                self.devices,
+                self._watch_device,
+                retry=store_retry(self.settings.mqtt),
+                within_s=leadership.idle_reconnect_s,
+                record_found=record_found,
+            )
+        finally:
+            self._devices_watched.set()
+        if not self.devices:
+            log.error("no device of line %s can be served: nothing to do", self.line.id)
+            self._exit_code = EXIT_CONFIG
+            self._ended.set()
+
+    async def _watch_device(self, device_id: str, sync: DeviceSync) -> tuple[bool, bytes | None]:
+        """Watches a device's keys (agent.runtime.devices): whether it can be served (the
+        broker's rules may refuse its keys), and its sync record."""
         assert self.client is not None
-        served, record = await watch_device(
+        return await watch_device(
             self.client,
             device_id,
             sync,
@@ -315,9 +334,6 @@ class Agent:
             on_record=self._on_record,
             store_seen=self.health.store_seen,
         )
-        if not served:
-            del self.devices[device_id]
-        return record
 
     async def _shutdown(self) -> int:
         """SIGTERM: stop writing, release the lock so the standby takes over, exit 0."""
@@ -472,18 +488,21 @@ class Agent:
         await self.leadership.contend()
 
     async def _look_at_the_lock(self) -> None:
-        """Who holds the lock; absent, whether the store kept its contents (a sync record
-        is still there), so that a lease that merely expired is not waited out again."""
+        """Who holds the lock; absent, or still holding this process's own value (its
+        renewals in flight kept the store's lease after its local deadline), whether the
+        store kept its contents (a sync record is still there), so that a lease that merely
+        expired, or this process's own, is not waited out again (Leadership.
+        store_kept_its_contents says why that is enough)."""
         assert self.client is not None and self.leadership is not None
         try:
             asked_at = time.monotonic()
             holder = await self.leadership.lock.current_holder()
             self.leadership.saw_holder(holder, asked_at=asked_at)
-            if holder is None:
+            if holder is None or holder == self.leadership.holder:
                 for sync in self.devices.values():
                     record, _ = await self.client.get(sync.keys.record)
                     if record is not None:
-                        self.leadership.store_kept_its_contents()
+                        self.leadership.store_kept_its_contents(lock_absent_at=asked_at)
                         break
         except (StateStoreError, SessionError) as exc:
             log.debug("could not look at the lock after reconnecting: %s", exc)
@@ -526,24 +545,11 @@ class Agent:
         if self.session is None or not self.session.connected:
             return
         s = self.settings
-        messages = [(s.telemetry_topic(name), self.snapshot(name)) for name in self.devices]
+        messages: list[tuple[str, telemetry.Snapshot | telemetry.LineSnapshot]] = [
+            (s.telemetry_topic(name), self.snapshot(name)) for name in self.devices
+        ]
         messages.append((s.telemetry_line_topic, self.line_snapshot()))
-        interval = s.telemetry.interval_s
-        for topic, snapshot in messages:
-            payload, properties = telemetry.build(snapshot)
-            try:
-                await self.session.publish(
-                    topic,
-                    payload,
-                    qos=1,
-                    content_type=telemetry.CONTENT_TYPE,
-                    message_expiry_interval=max(1, math.ceil(interval * 3)),
-                    user_properties=properties,
-                    timeout=max(1.0, interval),
-                )
-            except SessionError as exc:
-                log.debug("telemetry not published: %s", exc)
-                return
+        await telemetry.publish(self.session, messages, interval_s=s.telemetry.interval_s)
 
     def snapshot(self, device_id: str) -> telemetry.Snapshot:
         leadership = self.leadership
@@ -565,6 +571,8 @@ class Agent:
             line=self.line.id,
             instance=self.settings.instance_id,
             rate=self._line_rate,
+            round_trip_s=None if self.leadership is None else self.leadership.round_trips.worst_s,
+            too_slow=self.leadership is not None and self.leadership.too_slow is not None,
         )
 
     # ------------------------------------------------------------------ health
@@ -605,6 +613,7 @@ class Agent:
             taking_over_s=None if leadership is None else leadership.taking_over_s(),
             not_ready=self.readiness.not_ready,
             config_hash=self.config_hash,
+            reload_refused=self.reloads.refused,
         )
 
     def healthy(self) -> bool:
@@ -623,19 +632,11 @@ class Agent:
                 self.notifier.watchdog()
             await asyncio.sleep(interval)
 
-    def _status_words(self) -> str:
-        return self.health.words()
-
     async def _start_endpoint(self) -> bool:
         """Listens unless the port is set empty; False (said) when it cannot."""
-        settings = self.settings.health
-        metrics = Metrics(self).exposition if settings.metrics else None
-        try:
-            self._endpoint = await open_endpoint(settings, self.health.instance_document, metrics)
-        except UnusableSetting as exc:
-            log.error("%s", exc)
-            return False
-        return True
+        answer, metrics = self.health.instance_document, Metrics(self).exposition
+        self._endpoint, usable = await start_endpoint(self.settings.health, answer, metrics)
+        return usable
 
     # ------------------------------------------------------------------ reload
 
@@ -645,38 +646,44 @@ class Agent:
 
     async def _reload(self, load: Callable[[], AgentSettings | str]) -> None:
         async with self._reloading:
-            found = await asyncio.to_thread(load)  # files read off the event loop
-            why = found if isinstance(found, str) else reload.refusal(self.settings, found)
-            if why is not None or isinstance(found, str):
-                log.error("reload refused: %s; running configuration %s", why, self.config_hash)
-                return
-            later = reload.restart_only(self.settings, found)
-            if later:
-                log.warning("reload: %s changed: applies at a restart", ", ".join(later))
-            changes = reload.device_changes(self.line, found.line)
-            if not changes or self.client is None or self.active_line is None:
-                log.info("reload: no device changed (configuration %s)", self.config_hash)
-                return
-            settings, before = reload.running(self.settings, found), self.config_hash
-            client, lock = self.client, self.leadership.lock if self.leadership else None
-            assert lock is not None
-            async with self.active_line.lock:  # not while the line opens, closes, pauses
-                self.settings = self.active_line.settings = settings
-                self.line = self.health.line = settings.line
-                self.config_hash = config_hash(settings)
-                await reload.apply(
-                    changes,
-                    settings,
-                    self.devices,
-                    make=lambda device: make_sync(settings, device, client, lock, self.may_write),
-                    watch=self._watch_device,
-                    client=client,
-                    bus=self.bus,
-                )
-            log.info(
-                "reloaded: %s (configuration %s, was %s)", changes.words(), self.config_hash, before
+            refused = await self._reload_files(load)
+            await asyncio.to_thread(self.reloads.record, refused)  # for `agent reload`
+            self.health.poke()  # a refusal shows in health until a reload loads
+
+    async def _reload_files(self, load: Callable[[], AgentSettings | str]) -> str | None:
+        """Why the files were refused, or None once they are running."""
+        found = await asyncio.to_thread(load)  # files read off the event loop
+        why = found if isinstance(found, str) else reload.why_not_reloadable(self.settings, found)
+        if why is not None or isinstance(found, str):
+            log.error("reload refused: %s; running configuration %s", why, self.config_hash)
+            return why
+        later = reload.restart_only(self.settings, found)
+        if later:
+            log.warning("reload: %s changed: applies at a restart", ", ".join(later))
+        changes = reload.device_changes(self.line, found.line)
+        if not changes or self.client is None or self.active_line is None:
+            log.info("reload: no device changed (configuration %s)", self.config_hash)
+            return None
+        settings, before = reload.running(self.settings, found), self.config_hash
+        client, lock = self.client, self.leadership.lock if self.leadership else None
+        assert lock is not None
+        async with self.active_line.lock:  # not while the line opens, closes, pauses
+            self.settings = self.active_line.settings = settings
+            self.line = self.health.line = settings.line
+            self.config_hash = config_hash(settings)
+            await reload.apply(
+                changes,
+                settings,
+                self.devices,
+                make=lambda device: make_sync(settings, device, client, lock, self.may_write),
+                watch=self._watch_device,
+                client=client,
+                bus=self.bus,
             )
-            self.health.poke()
+        log.info(
+            "reloaded: %s (configuration %s, was %s)", changes.words(), self.config_hash, before
+        )
+        return None
 
     def _spawn(self, work: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(work)

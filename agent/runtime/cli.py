@@ -29,8 +29,11 @@ from agent.config import (
     ENV_NESTED_DELIMITER,
     ENV_PREFIX,
     AgentSettings,
+    env_file_problem,
+    known_variables,
     redacted,
     setting_errors,
+    unknown_variables,
 )
 from agent.config.fingerprint import config_hash
 from agent.runtime.agent import EXIT_CONFIG, Agent
@@ -152,6 +155,12 @@ def _configured(name: str, flags: dict[str, Any], *path: str) -> bool:
 
 
 def load_settings(args: argparse.Namespace) -> AgentSettings:
+    given = list(os.environ)
+    if args.env_file is not None:
+        given += [name for name in dotenv_values(args.env_file) if name]
+    unknown = unknown_variables(given, known_variables(AgentSettings))
+    if unknown:
+        raise ConfigError("\n".join(unknown))
     flags = _flag_settings(args)
     if args.simulate:
         # Sensible defaults for a laptop; anything configured still wins.
@@ -195,30 +204,7 @@ def load_settings(args: argparse.Namespace) -> AgentSettings:
 
 
 class ConfigError(Exception):
-    pass
-
-
-def env_file_problem(path: Path) -> str | None:
-    """Why ``--env-file path`` cannot be read as settings, or None when it can.
-
-    A regular file of UTF-8 text, or the null device (an empty file: ``--env-file /dev/null``
-    says "no settings from a file"). Anything else (a directory, a FIFO, which would block
-    the start) is refused here, so that the error names the flag rather than ending in a
-    traceback from the reader.
-    """
-    try:
-        if not path.exists():
-            return "no such file"
-        if path.resolve() == Path(os.devnull):
-            return None
-        if not path.is_file():
-            return "not a regular file (an env file of NAME=value lines is)"
-        path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        return f"cannot read it: {exc.strerror or exc}"
-    except UnicodeDecodeError as exc:
-        return f"not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x})"
-    return None
+    """Settings the agent refuses: one line per setting."""
 
 
 def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
@@ -259,7 +245,8 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
             logs.console_error(f"agent: invalid setting {line}")
         return EXIT_CONFIG
     except ConfigError as exc:
-        logs.console_error(f"agent: invalid setting {exc}")
+        for line in str(exc).splitlines():
+            logs.console_error(f"agent: invalid setting {line}")
         return EXIT_CONFIG
     logs.setup(settings.log_level)
     if args.simulate:
@@ -375,7 +362,7 @@ def _reload_settings(args: argparse.Namespace) -> AgentSettings | str:
     except ValidationError as exc:
         return "invalid setting " + "; ".join(setting_errors(exc))
     except ConfigError as exc:
-        return f"invalid setting {exc}"
+        return "invalid setting " + "; ".join(str(exc).splitlines())
 
 
 async def _run(settings: AgentSettings, load: Callable[[], AgentSettings | str]) -> int:

@@ -16,6 +16,7 @@ reaches whoever is active:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -61,10 +62,12 @@ class LineControl:
     async def watch(self) -> None:
         """Watches both keys and takes their current values (at start, and again after a
         reconnect: changes missed meanwhile come as synthetic changes)."""
-        value, _ = await self.client.observe(self.paused_key, self._paused_changed)
-        self._set_pause(value)
-        value, _ = await self.client.observe(self.switchover_key, self._switchover_changed)
-        self._set_request(value, act=False)  # one made before this process: not about it
+        (paused, _), (switchover, _) = await asyncio.gather(
+            self.client.observe(self.paused_key, self._paused_changed),
+            self.client.observe(self.switchover_key, self._switchover_changed),
+        )
+        self._set_pause(paused)
+        self._set_request(switchover, act=False)  # one made before this process: not about it
 
     # ------------------------------------------------------------------ pause
 

@@ -3,16 +3,19 @@ and its keys watched in the store. Used at start and when a reload adds a device
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
+from agent.backoff import Backoff
 from agent.client.errors import NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock
 from agent.client.session import SessionError
 from agent.client.statestore import KeyChange, StateStoreClient
-from agent.config import AgentSettings
+from agent.config import AgentSettings, MqttSettings
 from agent.config.devices import DeviceSettings
 from agent.protocol.hlc import Hlc
 from agent.runtime.line import device_profile
@@ -63,47 +66,53 @@ async def watch_device(
     on_record: RecordHandler,
     store_seen: StoreSeen,
 ) -> tuple[bool, bytes | None]:
-    """Watches a device's points and its sync record: whether it can be served, and its
-    record. A device whose set point the broker's rules do not let this agent read cannot
-    (said once); a point other than the set point that the rules refuse is left out of
-    the device's sync."""
-    for point in list(sync.points):
-        key = sync.keys.of(point)
-        try:
-            value, version = await client.observe(
-                key, functools.partial(on_point, device_id, point)
-            )
-        except NotAuthorized:
-            with contextlib.suppress(StateStoreError, SessionError):
-                await client.unobserve(key)
-            if point != "setPoint":
-                del sync.points[point]
+    """Watches a device's points and its sync record, all at once: whether it can be
+    served, and its record. A device whose set point the broker's rules do not let this
+    agent read cannot (said once); a point other than the set point that the rules refuse
+    is left out of the device's sync."""
+    points = list(sync.points)
+    watched = await asyncio.gather(
+        *(
+            client.observe(sync.keys.of(p), functools.partial(on_point, device_id, p))
+            for p in points
+        ),
+        client.observe(sync.keys.record, functools.partial(on_record, device_id)),
+        return_exceptions=True,
+    )
+    failed = [r for r in watched if isinstance(r, BaseException) and not _refused(r)]
+    if failed:
+        raise failed[0]  # the caller watches the device again
+    *of_points, of_record = watched
+    for point, result in zip(points, of_points, strict=True):
+        if isinstance(result, BaseException):
+            await _unobserve(client, sync.keys.of(point))
+            if point == "setPoint":
+                await unwatch_device(client, sync)
                 log.error(
-                    "%s of device %s is not kept in sync: the store refuses to let this "
-                    "agent read %s (not authorized by the broker's rules)",
-                    point,
+                    "device %s is not served: the store refuses to let this agent read %s "
+                    "(not authorized by the broker's rules)",
                     device_id,
-                    key,
+                    sync.keys.of(point),
                     extra={"device": device_id},
                 )
-                continue
+                return False, None
+            del sync.points[point]
             log.error(
-                "device %s is not served: the store refuses to let this agent read %s "
-                "(not authorized by the broker's rules)",
+                "%s of device %s is not kept in sync: the store refuses to let this "
+                "agent read %s (not authorized by the broker's rules)",
+                point,
                 device_id,
-                key,
+                sync.keys.of(point),
                 extra={"device": device_id},
             )
-            return False, None
+            continue
+        value, version = result
         sync.saw_in_store(point, value, version)
         sync.follow_value(point, value, version)
         if point == "setPoint":
             store_seen(device_id, value, version)
-    try:
-        record, _ = await client.observe(sync.keys.record, functools.partial(on_record, device_id))
-    except NotAuthorized:
-        with contextlib.suppress(StateStoreError, SessionError):
-            await client.unobserve(sync.keys.record)
+    if isinstance(of_record, BaseException):
+        await _unobserve(client, sync.keys.record)
         sync.status.counters.not_authorized += 1
         log.error(
             "the store refuses to let this agent read %s (not authorized by the broker's "
@@ -112,12 +121,74 @@ async def watch_device(
             extra={"device": device_id},
         )
         return True, None
+    record, _ = of_record
     await sync.follow_record(record)
     return True, record
+
+
+def _refused(error: BaseException) -> bool:
+    return isinstance(error, NotAuthorized)
+
+
+async def _unobserve(client: StateStoreClient, key: str) -> None:
+    with contextlib.suppress(StateStoreError, SessionError):
+        await client.unobserve(key)
+
+
+def store_retry(mqtt: MqttSettings) -> Backoff:
+    """The delays of a start's tries while the service does not answer (each capped by
+    its caller, see watch_devices)."""
+    return Backoff(min(mqtt.reconnect_min_s, mqtt.reconnect_max_s), mqtt.reconnect_max_s)
+
+
+async def watch_devices(
+    devices: dict[str, DeviceSync],
+    watch: Callable[[str, DeviceSync], Awaitable[tuple[bool, bytes | None]]],
+    *,
+    retry: Backoff,
+    within_s: float,
+    record_found: Callable[[], None],
+) -> None:
+    """Every device's keys at once (`watch`, which says whether the device can be served and
+    returns its record; one that cannot is left out of `devices`), each device again while the
+    service does not answer, within `within_s` of each failure; `record_found()` for each sync
+    record."""
+    started = time.monotonic()
+    waiting = dict(devices)
+    while waiting:
+        watched = await asyncio.gather(
+            *(watch(name, sync) for name, sync in waiting.items()), return_exceptions=True
+        )
+        for name, result in zip(list(waiting), watched, strict=True):
+            if isinstance(result, (StateStoreError, SessionError)):
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            del waiting[name]
+            served, record = result
+            if not served:
+                del devices[name]
+            if record is not None:
+                record_found()
+        if waiting:
+            # Said once: while the link is down every try fails at once.
+            said = log.warning if retry.attempts == 0 else log.debug
+            delay = retry.next_delay(ceiling=within_s)
+            said(
+                "state store not answering yet: %d device(s) not watched yet; trying again "
+                "in %.2f s",
+                len(waiting),
+                delay,
+            )
+            await asyncio.sleep(delay)
+    log.info(
+        "watching %d device(s) in the store (%.0f ms)",
+        len(devices),
+        (time.monotonic() - started) * 1000,
+    )
 
 
 async def unwatch_device(client: StateStoreClient, sync: DeviceSync) -> None:
     """Stops the notifications of a device that left the line (a reload)."""
     for key in [sync.keys.of(point) for point in sync.points] + [sync.keys.record]:
-        with contextlib.suppress(StateStoreError, SessionError):
-            await client.unobserve(key)
+        await _unobserve(client, key)

@@ -142,6 +142,7 @@ def instance_document(
     taking_over_s: float | None = None,
     reconciling: int = 0,
     conflicts: Sequence[dict[str, str]] = (),
+    reload_refused: str | None = None,
 ) -> dict[str, Any]:
     ids = [d if isinstance(d, str) else d.id for d in devices]
     health = [d for d in devices if isinstance(d, DeviceHealth)]
@@ -174,6 +175,7 @@ def instance_document(
         "taking_over_s": None if taking_over_s is None else round(taking_over_s, 1),
         "reconciling": reconciling,
         "conflicts": list(conflicts),
+        "reload_refused": reload_refused,
     }
 
 
@@ -209,7 +211,7 @@ class DeviceView:
     """The active holds its controller (its place on the bus)."""
     synced_value: float | str | bool | None
     synced_version: Hlc | None
-    refused: dict[str, str] | None = None
+    refused: dict[str, str | None] | None = None
     """The last remote value the unit could not take: point, value, reason."""
     served_by: str | None = None
     """Another line that serves the device (configured on both): left alone here."""
@@ -243,6 +245,9 @@ class InstanceView:
     """Why this standby could not take over now (its line checked without touching it)."""
     config_hash: str = ""
     """The line's configuration as this instance runs it (the pair's should agree)."""
+    reload_refused: str | None = None
+    """Why the last reload was refused, until one loads: the files on disk would fail a
+    restart."""
 
 
 # --------------------------------------------------------------------------- the publisher
@@ -264,6 +269,7 @@ class Health:
         process: str = "",
     ) -> None:
         self.settings = settings.health
+        self.broker = f"{settings.mqtt.host}:{settings.mqtt.port}"
         self.process = process
         self.started = time.time()
         self.duplicates: dict[str, str] = {}
@@ -281,6 +287,7 @@ class Health:
         self._last_device: dict[str, tuple[dict[str, Any], float]] = {}
         self._last_availability: dict[str, bytes] = {}
         self._last_words: str | None = None
+        self._failing_since: tuple[str, float] | None = None
         self._stopped = False
 
     # ------------------------------------------------------------------ inputs
@@ -358,11 +365,10 @@ class Health:
         role = view.role
         return role.value if role in (Role.ACTIVE, Role.STANDBY, Role.STOPPING) else "starting"
 
-    @staticmethod
-    def failing(view: InstanceView) -> str | None:
+    def failing(self, view: InstanceView) -> str | None:
         """Why this instance cannot do its part now, or None."""
         if not view.connected:
-            return "not connected to the broker"
+            return f"not connected to the broker {self.broker}"
         if not view.healthy:
             return "a job of the agent stopped"
         if view.role is Role.ACTIVE and view.line_up is False:
@@ -399,13 +405,24 @@ class Health:
         role = self.role(view)
         if role == "starting":
             return "starting"
-        return status_words(
+        words = status_words(
             role,
             self.line.id,
             single=self.line.single,
             devices=self.devices(view),
             paused=view.paused,
         )
+        return words + self._failing_words(self.failing(view))
+
+    def _failing_words(self, why: str | None) -> str:
+        """What is wrong and since when, for the unit's status line (systemctl status)."""
+        if why is None:
+            self._failing_since = None
+            return ""
+        if self._failing_since is None or self._failing_since[0] != why:
+            self._failing_since = (why, time.time())
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(self._failing_since[1]))
+        return f"; failing since {since}: {why}"
 
     def instance_document(
         self, status: str = "up", view: InstanceView | None = None
@@ -432,6 +449,7 @@ class Health:
             duplicates=[f"{p} ({where})" for p, where in self.duplicates.items()],
             started_at=self.started,
             config_hash=view.config_hash,
+            reload_refused=view.reload_refused,
             not_ready=view.not_ready if view.role is not Role.ACTIVE else None,
             taking_over_s=view.taking_over_s,
             reconciling=sum(d.reconciling for d in view.devices.values()) if active else 0,

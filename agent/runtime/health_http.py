@@ -77,18 +77,16 @@ def unusable_setting(error: OSError) -> str:
     return "port" if error.errno in (errno.EADDRINUSE, errno.EACCES) else "host"
 
 
-class UnusableSetting(Exception):
-    """The endpoint cannot listen where its settings say (the message names the setting)."""
-
-
-async def open_endpoint(
-    settings: HealthSettings, answer: Answer, metrics: Exposition | None
-) -> HealthEndpoint | None:
-    """The endpoint listening (its address logged); None when its port is set empty, or the
-    default port is taken (said)."""
+async def start_endpoint(
+    settings: HealthSettings, answer: Answer, metrics: Exposition
+) -> tuple[HealthEndpoint | None, bool]:
+    """The endpoint listening as `settings` say (its address logged), and True; None when
+    its port is set empty, or the default port is taken (said); (None, False) when the
+    settings cannot be used (said, naming the setting)."""
     if settings.port is None:
-        return None
-    endpoint = HealthEndpoint(settings.host, settings.port, answer, metrics)
+        return None, True
+    shown = metrics if settings.metrics else None
+    endpoint = HealthEndpoint(settings.host, settings.port, answer, shown)
     try:
         host, port = await endpoint.start()
     except OSError as exc:
@@ -103,14 +101,20 @@ async def open_endpoint(
                 settings.host,
                 settings.port,
             )
-            return None
-        raise UnusableSetting(
-            f"invalid setting AGENT_HEALTH__{name.upper()} (health.{name}): the health "
-            f"endpoint cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}"
-        ) from None
-    shown = f", metrics at http://{host}:{port}{METRICS_PATH}" if metrics is not None else ""
-    log.info("health endpoint at http://%s:%d/health%s", host, port, shown)
-    return endpoint
+            return None, True
+        log.error(
+            "invalid setting AGENT_HEALTH__%s (health.%s): the health endpoint cannot "
+            "listen on %s:%d: %s",
+            name.upper(),
+            name,
+            settings.host,
+            settings.port,
+            exc.strerror or exc,
+        )
+        return None, False
+    also = f", metrics at http://{host}:{port}{METRICS_PATH}" if shown is not None else ""
+    log.info("health endpoint at http://%s:%d/health%s", host, port, also)
+    return endpoint, True
 
 
 class HealthEndpoint:

@@ -6,6 +6,11 @@ notifications); why its lease ended is told by when the lock went: deleted withi
 of its last renewal, it was released; later, the store expired it (the holder stopped
 renewing: killed, frozen, cut off). Records are written in the background (never holding
 up a takeover) and best effort (agent.ops.history_store).
+
+Every record is written under the lease it is fenced with, and only while that lease is
+held: a step-down comes once the lease is over (lost, refused, run out), so it is kept and
+written ahead of this instance's next record under a lease (its next takeover); meanwhile
+the new active's takeover says why the lease ended.
 """
 
 from __future__ import annotations
@@ -67,9 +72,11 @@ class LineHistory:
         client: Callable[[], StateStoreClient | None],
         control: Callable[[], LineControl | None],
         spawn: Callable[[Awaitable[Any]], asyncio.Future[Any]],
+        leased: Callable[[], bool],
     ) -> None:
         """`process`: this process's nonce (in its holder value); `client` and `control`:
-        the agent's, once it has them."""
+        the agent's, once it has them; `leased()`: this instance drives under its lease
+        (a record is written only then)."""
         self._client = client
         self.key = settings.keys.of_line("history", settings.line.id)
         self.instance = settings.instance_id
@@ -84,8 +91,9 @@ class LineHistory:
         self._requested: SwitchoverRequest | None = None
         """The request when the lock went: withdrawn by the time the next active
         records its takeover, it still says why."""
-        self._token: Hlc | None = None
-        """The token of this instance's last record: a step-down is fenced with it."""
+        self._leased = leased
+        self._stepped_down: Entry | None = None
+        """A step-down not recorded yet: written ahead of the next record under a lease."""
         self._handing_over = False
 
     def saw_lock(self, change: KeyChange) -> None:
@@ -121,8 +129,9 @@ class LineHistory:
         self._handing_over = True
 
     def stepped_down(self, reason: str) -> None:
+        """Kept, not written: the lease it would be fenced with is over."""
         if not self._handing_over:
-            self._record(self._token, "step-down", self.instance, "", reason)
+            self._stepped_down = Entry(now_iso(), "step-down", self.instance, "", reason)
 
     def paused(self, token: Hlc | None, note: PauseNote) -> None:
         self._record(token, "pause", self.instance, "", note.describe())
@@ -136,6 +145,7 @@ class LineHistory:
             return
         if self._writer is None:
             self._writer = HistoryWriter(client, self.key)
-        self._token = token if self._token is None else max(token, self._token)
-        entry = Entry(now_iso(), event, source, to, why)
-        self._spawn(self._writer.record(self._token, entry))
+        entries = [e for e in (self._stepped_down,) if e is not None]
+        entries.append(Entry(now_iso(), event, source, to, why))
+        self._stepped_down = None
+        self._spawn(self._writer.record(token, *entries, leased=self._leased))

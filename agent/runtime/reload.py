@@ -74,8 +74,15 @@ def device_changes(old: Line, new: Line) -> DeviceChanges:
 LINE_SETTINGS = ("line_id", "devices", "devices_file", "profiles_file", "device_id")
 
 
-def refusal(old: AgentSettings, new: AgentSettings) -> str | None:
-    """Why `new` cannot replace `old` in a running process, or None."""
+def why_not_reloadable(old: AgentSettings, new: AgentSettings) -> str | None:
+    """Why `new` cannot replace `old` in a running process, or None. What would not start
+    is refused as at start: an active that kept the lease of a line it serves no device
+    of would keep its standby from ever taking the line over."""
+    if not new.line.devices:
+        return (
+            f"no device of line {new.line.id} can be served (the devices list is empty): "
+            "a line without devices does not start, and is not reloaded"
+        )
     if new.line.id != old.line.id:
         return (
             f"the line's id changed from {old.line.id} to {new.line.id} (AGENT_LINE_ID): "
@@ -109,12 +116,13 @@ async def apply(
     devices: dict[str, DeviceSync],
     *,
     make: Callable[[DeviceSettings], DeviceSync],
-    watch: Callable[[str, DeviceSync], Awaitable[object]],
+    watch: Callable[[str, DeviceSync], Awaitable[tuple[bool, object]]],
     client: StateStoreClient,
     bus: Bus | None,
 ) -> None:
-    """Applies `changes` (the settings already the new running ones): the devices that go
-    are let go first, then the new ones are watched and, on an open line, taken over."""
+    """Applies `changes` (the settings already the new running ones) to `devices`: the
+    devices that go are let go first, then the new ones are watched (`watch` says whether
+    one can be served: one that cannot is left out) and, on an open line, taken over."""
     for name in (*changes.removed, *(d.id for d in changes.changed)):
         sync = devices.pop(name, None)
         if sync is None:
@@ -130,9 +138,11 @@ async def apply(
     joined = []
     for device in (*changes.changed, *changes.added):
         sync = make(device)
-        devices[device.id] = sync
-        await watch(device.id, sync)
-        if device.id in devices and bus is not None:
+        devices[device.id] = sync  # its keys' notifications find it from the watch on
+        served, _ = await watch(device.id, sync)
+        if not served:
+            del devices[device.id]
+        elif bus is not None:
             handle = bus.add_unit(units[device.id], intervals[device.id])
             joined.append((sync, handle))
     if joined:

@@ -79,8 +79,11 @@ def line_snapshot(
     line: str,
     instance: str,
     rate: LineRate,
+    round_trip_s: float | None = None,
+    too_slow: bool = False,
 ) -> telemetry.LineSnapshot:
-    """`bus`: the line as the active drives it; None for the standby."""
+    """`bus`: the line as the active drives it; None for the standby. `round_trip_s`: the
+    longest of the last round trips to the store; `too_slow`: too long to hold a lease."""
     per_s: float | None = None
     errors: dict[str, int] = {}
     if bus is not None:
@@ -104,6 +107,8 @@ def line_snapshot(
         transactions_per_s=None if per_s is None else round(per_s, 2),
         cycle_s=bus.schedule.last_cycle_s if bus is not None else None,
         errors=errors,
+        round_trip_ms=None if round_trip_s is None else round(round_trip_s * 1000, 1),
+        too_slow_for_lease=too_slow,
     )
 
 
@@ -118,7 +123,13 @@ def device_view(sync: DeviceSync, snapshot: telemetry.Snapshot) -> DeviceView:
         synced.version,
         None
         if refused is None
-        else {"point": refused.point, "value": refused.value, "reason": refused.reason},
+        else {
+            "point": refused.point,
+            "value": refused.value,
+            "reason": refused.reason,
+            # When it was written: its age, in status.
+            "version": None if refused.version is None else str(refused.version),
+        },
         sync.served_by,
         sync.reconciling,
     )

@@ -12,8 +12,12 @@ and at the front panel.
 from __future__ import annotations
 
 import asyncio
+import os
+import shlex
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 from agent.config import AgentSettings, HealthSettings
 from agent.emulator.embedded import EmbeddedStateStore
@@ -74,11 +78,28 @@ async def simulate(
     return max(results, default=0)
 
 
+def agent_command() -> str:
+    """How another terminal runs this agent: `agent` when its PATH finds this one without a
+    virtual environment activated, else the path of this one's (a venv's bin/agent, which
+    works without activating it), else its Python with -m agent."""
+    here = Path(sys.executable).parent / "agent"  # not resolved: a venv's python is a link
+    found = shutil.which("agent")
+    activated = os.environ.get("VIRTUAL_ENV")
+    only_activated = activated is not None and Path(found or "").parent == Path(activated) / "bin"
+    if found and here.is_file() and Path(found).resolve() == here.resolve() and not only_activated:
+        return "agent"
+    if here.is_file():
+        return shlex.quote(str(here.absolute()))
+    return f"{shlex.quote(sys.executable)} -m agent"
+
+
 def simulation_hints(settings: AgentSettings, device: FakeLine, *, embedded: bool) -> list[str]:
-    """What to try, printed before the log (or under the status view): the first device's
-    set point changed in the store and at the panel, and with a profile another point too
-    (its mode), both ways."""
+    """What to try, printed before the log (or under the status view), what matters first
+    (a terminal too short for all keeps the top): the store's address, then the first
+    device's set point changed in the store and at the panel, and with a profile another
+    point too (its mode), both ways."""
     host, port = settings.mqtt.host, settings.mqtt.port
+    agent = agent_command()
     first = settings.line.devices[0]
     profile = first.resolved_profile
     key = settings.key("setpoint", first.id).replace("'", "'\\''")
@@ -94,35 +115,26 @@ def simulation_hints(settings: AgentSettings, device: FakeLine, *, embedded: boo
     line = settings.line.id
     hints = [
         f"state store  mqtt://{host}:{port}" + (" (embedded)" if embedded else ""),
-        f"line         {line}: {devices}",
-        f"front panel  {device.panel_url}",
-        f"device line  {device.tcp_url}",
-        "",
+        "From another terminal, change a set point in the store and at the panel:",
+        f"  export AGENT_MQTT__HOST={host} AGENT_MQTT__PORT={port}",
+        f"  {agent} setpoint set {first.id} 22.5 --wait 5",
+        f"  printf '{at}PANEL SP 23.5\\r\\n' {panel}",
     ]
-    if profile is None or "mode" not in profile.writable:
-        hints += [
-            "From another terminal: change a set point in the store,",
-            f"  export AGENT_MQTT__HOST={host} AGENT_MQTT__PORT={port}",
-            f"  agent setpoint set {first.id} 22.5 --wait 5",
-            "or at the device's front panel:",
-            f"  printf '{at}PANEL SP 23.5\\r\\n' {panel}",
-        ]
-    else:
+    if profile is not None and "mode" in profile.writable:
         mode_key = settings.point_key("mode", first.id).replace("'", "'\\''")
         hints += [
             "The agent keeps each thermostat's set point, heating and cooling set points,",
-            f"mode, fan and occupancy in sync (profile {profile.name}). From another terminal,",
-            "change one in the store,",
-            f"  export AGENT_MQTT__HOST={host} AGENT_MQTT__PORT={port}",
-            f"  agent setpoint set {first.id} 22.5 --wait 5",
-            f"  agent setpoint set {first.id} cool --point mode --wait 5",
-            "or at the device's front panel (SP, H, C, M, F, O), and read it in the store:",
-            f"  printf '{at}PANEL SP 23.5\\r\\n' {panel}",
+            f"mode, fan and occupancy in sync (profile {profile.name}): its mode, both ways",
+            "(at the panel: SP, H, C, M, F, O), read back from the store:",
+            f"  {agent} setpoint set {first.id} cool --point mode --wait 5",
             f"  printf '{at}PANEL M auto\\r\\n' {panel}",
-            f"  agent setpoint get {first.id} --point mode",
+            f"  {agent} setpoint get {first.id} --point mode",
         ]
         key = f"{key}' '{mode_key}"
     hints += [
+        f"line         {line}: {devices}",
+        f"front panel  {device.panel_url}",
+        f"device line  {device.tcp_url}",
         f"watch the pair: agent status {line} --watch; or the store: agent store watch '{key}'",
         f"hand over: agent switchover {line}; maintenance: agent pause {line}, agent resume",
         "Stop with Ctrl-C.",

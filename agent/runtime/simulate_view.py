@@ -79,6 +79,7 @@ async def status_view(
                 stop=stop,
                 footer=footer,
                 footer_rows=FOOTER_ROWS,
+                force=True,  # shown from the start, before the agents first report
             )
     finally:
         await session.stop()

@@ -4,10 +4,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import math
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+
+from agent.client.session import Session, SessionError
+
+log = logging.getLogger("agent")
 
 CONTENT_TYPE = "application/json"
 EVENT_TYPE = "agent.telemetry.v1"
@@ -51,6 +58,11 @@ class LineSnapshot:
     transactions_per_s: float | None
     cycle_s: float | None
     errors: dict[str, int]
+    round_trip_ms: float | None = None
+    """The longest of this instance's last round trips to the store."""
+    too_slow_for_lease: bool = False
+    """The round trip is too long to hold a lease: this instance cannot take over (the
+    pair has one usable gateway)."""
 
 
 def build(
@@ -75,3 +87,31 @@ def iso_time(epoch_s: float | None) -> str | None:
         return None
     stamp = datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds")
     return stamp.replace("+00:00", "Z")
+
+
+async def publish(
+    session: Session, messages: list[tuple[str, Snapshot | LineSnapshot]], *, interval_s: float
+) -> None:
+    """Publishes each snapshot on its topic, each valid for three intervals, all at once:
+    over a slow link, one after the other, the first whose acknowledgement took longer than
+    an interval held back the rest (the line's own, last, was never sent)."""
+
+    async def one(topic: str, snapshot: Snapshot | LineSnapshot) -> None:
+        payload, properties = build(snapshot)
+        await session.publish(
+            topic,
+            payload,
+            qos=1,
+            content_type=CONTENT_TYPE,
+            message_expiry_interval=max(1, math.ceil(interval_s * 3)),
+            user_properties=properties,
+            timeout=max(1.0, interval_s),
+        )
+
+    sent = await asyncio.gather(*(one(t, s) for t, s in messages), return_exceptions=True)
+    for result in sent:
+        if isinstance(result, SessionError):
+            log.debug("telemetry not published: %s", result)
+            return
+        if isinstance(result, BaseException):
+            raise result

@@ -122,6 +122,8 @@ front panel (--panel): the line protocol (GET SP, GET STATE, GET POINTS, ...) pl
   FAULT GARBAGE <count>   the next replies are corrupted (Modbus: a bad CRC)
   FAULT SLOW <ms>         replies are delayed
   FAULT SLOWWRITE <ms>    replies to writes only are delayed (an EEPROM that takes its time)
+  FAULT LATE <ms>         replies come that late, out of turn: the line is free meanwhile
+  FAULT ASADDRESS <n>     replies carry address n (a unit set to the wrong address)
   FAULT STRAY <count>     line noise before the next replies
   FAULT BADSUM <count>    a wrong checksum (CRC) on the next replies
   FAULT NOSUM <count>     no checksum (CRC) on the next replies

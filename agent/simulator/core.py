@@ -405,6 +405,9 @@ class ReplyDamage(Protocol):
     def noise(self) -> bytes:
         """Bytes of line noise sent before a reply."""
 
+    def readdress(self, reply: bytes, address: int) -> bytes:
+        """The reply as if unit `address` sent it, its checksum made good."""
+
 
 def corrupt(reply: bytes) -> bytes:
     """A reply hit by a bit error: one byte of its text flipped, so its checksum fails."""
@@ -441,6 +444,13 @@ class TextDamage:
             return reply
         return content[:-3] + lp.TERMINATOR
 
+    def readdress(self, reply: bytes, address: int) -> bytes:
+        content = reply.rstrip(b"\r\n")
+        checksummed = _HAS_CHECKSUM.fullmatch(content) is not None
+        text = (content[:-3] if checksummed else content).decode("ascii")
+        _, payload = lp.split_address(text)
+        return lp.encode_line(lp.with_address(address, payload), with_checksum=checksummed)
+
 
 TEXT_DAMAGE = TextDamage()
 
@@ -456,6 +466,11 @@ class Faults:
     slow_s: float = 0.0
     slow_write_s: float = 0.0
     """Added to replies to writes only: a unit whose EEPROM takes its time."""
+    late_s: float = 0.0
+    """The reply comes this long after the request, out of turn: the line is not held for
+    it, so it may come in the middle of the next transaction."""
+    as_address: int | None = None
+    """The replies carry this address (a unit set to the wrong address)."""
     garbage: int = 0
     stray: int = 0
     bad_checksum: int = 0
@@ -484,6 +499,10 @@ class Faults:
                 self.slow_s = amount / 1000
             case "SLOWWRITE":
                 self.slow_write_s = amount / 1000
+            case "LATE":
+                self.late_s = amount / 1000
+            case "ASADDRESS":
+                self.as_address = lp.check_address(int(amount))
             case "GARBAGE":
                 self.garbage = int(amount)
             case "STRAY":
@@ -497,6 +516,8 @@ class Faults:
 
     def mangle(self, reply: bytes, damage: ReplyDamage = TEXT_DAMAGE) -> bytes:
         """Apply the counted faults to one reply, using one count of each."""
+        if self.as_address is not None:
+            reply = damage.readdress(reply, self.as_address)
         if not (self.no_checksum or self.bad_checksum or self.garbage or self.stray):
             return reply
         if self.no_checksum > 0:
@@ -534,8 +555,8 @@ class PanelValue:
 @dataclass(frozen=True, slots=True)
 class FaultCommand:
     kind: str
-    """UNPLUG, SILENT (seconds), SLOW and SLOWWRITE (ms), GARBAGE, STRAY, BADSUM, NOSUM
-    (count), CLEAR."""
+    """UNPLUG, SILENT (seconds), SLOW, SLOWWRITE and LATE (ms), GARBAGE, STRAY, BADSUM,
+    NOSUM (count), ASADDRESS (an address), CLEAR."""
     amount: float = 0.0
 
 
@@ -544,6 +565,8 @@ _FAULT_UNITS = {
     "SILENT": "seconds",
     "SLOW": "ms",
     "SLOWWRITE": "ms",
+    "LATE": "ms",
+    "ASADDRESS": "address",
     "GARBAGE": "count",
     "STRAY": "count",
     "BADSUM": "count",
@@ -578,6 +601,9 @@ def parse_panel_command(payload: str) -> PanelSetpoint | PanelValue | FaultComma
         amount = lp.parse_number(words[2])
     except ValueError as exc:
         raise lp.RequestError("SYNTAX", str(exc)) from exc
-    if amount < 0 or (_FAULT_UNITS[upper[1]] == "count" and not amount.is_integer()):
+    unit = _FAULT_UNITS[upper[1]]
+    if amount < 0 or (unit in ("count", "address") and not amount.is_integer()):
+        raise lp.RequestError("SYNTAX", f"bad amount {words[2]!r}")
+    if unit == "address" and not lp.MIN_ADDRESS <= amount <= lp.MAX_ADDRESS:
         raise lp.RequestError("SYNTAX", f"bad amount {words[2]!r}")
     return FaultCommand(upper[1], amount)

@@ -339,13 +339,17 @@ class FakeLine:
             try:
                 start = time.monotonic()
                 glued = self._too_soon(arrived)
-                reply, busy = self._serve(
+                reply, busy, late_s = self._serve(
                     client, channel, frame, incoming, start, arrived, other, glued
                 )
                 if busy > 0:
                     await self._sleeper.sleep_until(start + busy)
                 self._quiet_since = start + busy
-                if reply is not None:
+                if reply is not None and late_s > 0:
+                    # Out of turn: the line is free meanwhile, so the reply may come in the
+                    # middle of the master's next transaction, as a real late unit's would.
+                    asyncio.get_running_loop().call_later(late_s, send, reply)
+                elif reply is not None:
                     send(reply)
             finally:
                 self._on_line = None
@@ -369,13 +373,14 @@ class FakeLine:
         arrived: float,
         other: str | None,
         glued: bool = False,
-    ) -> tuple[bytes | None, float]:
-        """The reply (None: nobody answers) and how long the line is held. No I/O."""
+    ) -> tuple[bytes | None, float, float]:
+        """The reply (None: nobody answers), how long the line is held, and how long after
+        that a late reply comes (LATE: out of turn, the line not held for it). No I/O."""
         work_started = time.perf_counter()
         line_faults = self.faults
         unit = self._units.get(incoming.address)
         reply: bytes | None = None
-        slow = 0.0
+        slow = late_s = 0.0
         if glued:
             self.counters.framing_errors += 1
         if not (
@@ -391,6 +396,7 @@ class FakeLine:
             slow = unit.faults.slow_s + line_faults.slow_s
             if incoming.kind in WRITE_KINDS or incoming.kind.startswith("SET "):
                 slow += unit.faults.slow_write_s + line_faults.slow_write_s
+            late_s = unit.faults.late_s + line_faults.late_s
         busy = slow
         request_s = 0.0
         if self.emulate_baud:
@@ -398,7 +404,11 @@ class FakeLine:
             request_s = self.wire.request_size(frame) * char_s
             busy += request_s
             if reply is not None and unit is not None:
-                busy += unit.turnaround_s + len(reply) * char_s
+                reply_s = unit.turnaround_s + len(reply) * char_s
+                if late_s > 0:
+                    late_s += reply_s
+                else:
+                    busy += reply_s
         counters = self.counters
         counters.requests += 1
         if reply is not None:
@@ -426,7 +436,7 @@ class FakeLine:
         )
         self.notify()
         counters.work_s += time.perf_counter() - work_started
-        return reply, busy
+        return reply, busy, late_s
 
     # --- the front panel --------------------------------------------------------------------
 

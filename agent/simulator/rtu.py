@@ -350,5 +350,8 @@ class RtuDamage:
     def no_checksum(self, reply: bytes) -> bytes:
         return reply[:-2]
 
+    def readdress(self, reply: bytes, address: int) -> bytes:
+        return with_crc(bytes((address,)) + reply[1:-2])
+
 
 RTU_DAMAGE = RtuDamage()

@@ -35,26 +35,41 @@ InvalidRemoteValue = InvalidValue
 
 
 @dataclass(frozen=True, slots=True)
+class Deadband:
+    """What a heating or cooling set point must keep from the other one: a heating set
+    point stays below the cooling one by `least`, and the other way round."""
+
+    other: str
+    """The other set point's name (heatSetPoint, coolSetPoint)."""
+    other_value: float | None
+    """Its value: the unit's, or the one a change of its key in the same burst brings."""
+    least: float
+
+    def breaks(self, value: float) -> str | None:
+        """Why `value` cannot stand beside the other set point, or None."""
+        heat, cool = (
+            (value, self.other_value) if self.other == "coolSetPoint" else (self.other_value, value)
+        )
+        return points.check_deadband(heat, cool, self.least)
+
+
+@dataclass(frozen=True, slots=True)
 class Rules:
     """What a remote value of one point must be: its kind (agent.controller.points), the
-    unit's limits for a number, and for a heating or cooling set point the other one's
-    value now and the least deadband between them."""
+    unit's limits for a number, and for a heating or cooling set point the deadband it
+    keeps from the other one."""
 
     point: Point = SET_POINT
     limits: Limits | None = None
-    partner: tuple[str, float | None, float] | None = None
-    """(the other set point's name, its value now, the deadband): a heating set point
-    must stay below the cooling one by the deadband, and the other way round."""
+    deadband: Deadband | None = None
 
     def valid(self, raw: bytes) -> tuple[PointValue, PointValue]:
         """(as sent, as the unit will keep it: rounded to its step) or InvalidValue."""
         sent = points.parse(self.point, raw)
         kept = points.validate(self.point, sent, self.limits)
-        if self.partner is not None:
-            name, other, deadband = self.partner
+        if self.deadband is not None:
             assert isinstance(kept, float)
-            heat, cool = (kept, other) if name == "coolSetPoint" else (other, kept)
-            reason = points.check_deadband(heat, cool, deadband)
+            reason = self.deadband.breaks(kept)
             if reason is not None:
                 raise InvalidValue(reason)
         return sent, kept
@@ -221,13 +236,17 @@ def settled(synced: Synced, pending: Iterable[Synced], controller: PointValue) -
 
 
 def still_pending(pending: Iterable[Synced], synced: Synced) -> tuple[Synced, ...]:
-    """The pending writes a sync at `synced` has not settled (newer than it), bounded."""
-    kept = [
-        p
+    """The pending writes a sync at `synced` has not settled (newer than it): a set, oldest
+    first, the newest MAX_PENDING kept. A write known twice (our own and the one a record
+    read back names, as a takeover after a reload merges them) is one write: kept twice,
+    it would push a distinct older one out, and the unit holding that one be taken for a
+    panel change."""
+    kept = {
+        p: p.version
         for p in pending
         if p.version is not None and (synced.version is None or p.version > synced.version)
-    ]
-    return tuple(kept[-MAX_PENDING:])
+    }
+    return tuple(sorted(kept, key=kept.__getitem__)[-MAX_PENDING:])
 
 
 def newer(a: Synced, b: Synced) -> Synced:

@@ -26,10 +26,11 @@ from agent.controller import points
 from agent.controller.interface import Controller, ControllerState, PointValue
 from agent.controller.profile import SET_POINT_ONLY, Profile
 from agent.protocol.hlc import Hlc
-from agent.sync.decisions import Rules, parsed
+from agent.sync.decisions import Deadband, Rules, parsed
 from agent.sync.device_record import DeviceRecord
 from agent.sync.point import PointSync
 from agent.sync.record import InvalidRecord, SyncRecord, parse_full_record
+from agent.sync.setpoint_pair import OTHER, SetPointPair
 from agent.sync.state_file import StateFile
 from agent.sync.status import SyncCounters, SyncStatus
 
@@ -91,6 +92,11 @@ class DeviceSync:
                 self._rules_for(name),
             )
         self.setpoint = self.points["setPoint"]
+        self._pair: SetPointPair | None = None
+        if set(OTHER) <= set(self.points):
+            self._pair = SetPointPair(
+                self.points, profile.deadband, self._last_reading, self._spawn
+            )
         self._readings = {
             name: rules.store_deadband
             for name, rules in profile.points.items()
@@ -190,7 +196,13 @@ class DeviceSync:
                 self._spawn(self._store_reading(name, value))
 
     def remote_changed(self, point: str, change: KeyChange) -> None:
+        if self._pair is not None and point in OTHER and self._pair.arrived(point, change):
+            return  # judged with the other set point's change (agent.sync.setpoint_pair)
         self.points[point].remote_changed(change)
+
+    def _last_reading(self) -> ControllerState | None:
+        controller = self.controller
+        return None if controller is None else controller.last_state
 
     def saw_in_store(self, point: str, value: bytes | None, version: Hlc | None) -> None:
         """A change of a point's key delivered to this instance (or its value when the
@@ -229,50 +241,58 @@ class DeviceSync:
         if await self.check_served_elsewhere():
             return False
         self.record.forget_doubts()
-        try:
-            (record_raw, record_version), (line, _) = await asyncio.gather(
-                self.setpoint.fence(self.keys.record, "write the sync record to"),
-                self.setpoint.fence(self.keys.line, "write the line's name to"),
-            )
-        except (LockNotHeld, FencingTokenLowerVersion):
+        # Every key at once, before anything that depends on them: a write the former
+        # active sent before its deadline is refused from one round trip on, not once the
+        # keys before it are done. The keys of the readings it publishes (its read-only
+        # points) among them: a former active paused between its last look at its lease
+        # and a write of a reading would otherwise still be accepted.
+        readings = [self.keys.of(n) for n in self._readings]
+        fences = await asyncio.gather(
+            self.setpoint.fence(self.keys.record, "write the sync record to"),
+            self.setpoint.fence(self.keys.line, "write the line's name to"),
+            *(self.setpoint.fence(key, "write") for key in readings),
+            *(point.fence(point.key, "write") for point in self.points.values()),
+            return_exceptions=True,
+        )
+        of_record, of_line = fences[0], fences[1]
+        of_points = fences[2 + len(readings) :]
+        lost = (LockNotHeld, FencingTokenLowerVersion)
+        if isinstance(of_record, lost) or isinstance(of_line, lost):
             for point in self.points.values():
                 point.serve_unfenced(controller)
             return False  # lost already: the lock says so
-        except (StateStoreError, SessionError) as exc:
-            self.log.warning("could not read %s: %s", self.keys.record, exc)
-            record_raw, record_version, line = None, None, None
-        else:
+        for key, fenced in zip(readings, fences[2 : 2 + len(readings)], strict=True):
+            if isinstance(fenced, (StateStoreError, SessionError)):  # a newer active's token
+                self.log.debug("could not fence %s: %s", key, fenced)
+            elif isinstance(fenced, BaseException) and not isinstance(fenced, LockNotHeld):
+                raise fenced
+        record_raw, record_version, line = None, None, None
+        for fenced in (of_record, of_line):
+            if isinstance(fenced, (StateStoreError, SessionError)):
+                self.log.warning("could not read %s: %s", self.keys.record, fenced)
+            elif isinstance(fenced, BaseException):
+                raise fenced
+        if not isinstance(of_record, BaseException) and not isinstance(of_line, BaseException):
+            (record_raw, record_version), (line, _) = of_record, of_line
             if record_raw is None:
                 await self._record_what_we_know()
         if line != self.keys.line_id.encode():
             await self._name_the_line()
-        await self._fence_readings()
         record = self._parse_record(record_raw)
         if record is not None:
             self.record.refused = record.refused
         needs = await asyncio.gather(
             *(
                 point.take_over(
-                    controller, None if record is None else record.point(name), record_version
+                    controller,
+                    None if record is None else record.point(name),
+                    record_version,
+                    fenced,
                 )
-                for name, point in self.points.items()
+                for (name, point), fenced in zip(self.points.items(), of_points, strict=True)
             )
         )
         return any(needs)
-
-    async def _fence_readings(self) -> None:
-        """Fences the keys of the readings it publishes (its read-only points): the store
-        fences a key by the token of its last write, so a former active paused between its
-        last look at its lease and a write of a reading would otherwise still be accepted."""
-        await asyncio.gather(*(self._fence_reading(self.keys.of(n)) for n in self._readings))
-
-    async def _fence_reading(self, key: str) -> None:
-        try:
-            await self.setpoint.fence(key, "write")
-        except LockNotHeld:
-            pass  # lost already: the lock says so
-        except (StateStoreError, SessionError) as exc:  # a newer active's token among them
-            self.log.debug("could not fence %s: %s", key, exc)
 
     async def _record_what_we_know(self) -> None:
         """The store has no record of the device (a store that restarted without its
@@ -360,12 +380,14 @@ class DeviceSync:
                 limits = self.profile.limits(name)
             if limits is not None:
                 self.record.limits[name] = limits
-            partner = None
+            deadband = None
             if partner_name is not None:
-                other = state.value(partner_name)
+                # The other's new value when both changed in one burst, else the unit's.
+                judged_with = {} if self._pair is None else self._pair.judged_with
+                other = judged_with.get(partner_name, state.value(partner_name))
                 other_value = other if isinstance(other, float) else None
-                partner = (partner_name, other_value, self.profile.deadband)
-            return Rules(point, limits, partner)
+                deadband = Deadband(partner_name, other_value, self.profile.deadband)
+            return Rules(point, limits, deadband)
 
         return rules
 

@@ -69,6 +69,15 @@ class DeviceRecord:
     ) -> None:
         self.entries[point] = PointRecord(synced, pending, published, unanswered)
 
+    def synced_since(self, point: str, version: Hlc) -> None:
+        """The point synced at `version`: a refusal of its older than that is past (status
+        no longer shows it)."""
+        refused = self.refused
+        if refused is None or refused.point != point:
+            return
+        if refused.version is None or version > refused.version:
+            self.refused = None
+
     async def write(self) -> Written:
         """The record in the store, fenced: the newest entries of every point."""
         if not self.may_write():

@@ -6,11 +6,16 @@ healing) would still be accepted."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from agent.client.errors import NotAuthorized
 from agent.client.lock import LeasedLock
 from agent.client.statestore import Condition, StateStoreClient
 from agent.protocol.hlc import Hlc
 from agent.sync.store_errors import StoreErrors
+
+Fenced = tuple[bytes | None, Hlc | None] | BaseException
+"""A key fenced at a takeover: its value and version, or the error that kept it unfenced."""
 
 ATTEMPTS = 3
 """Reads and writes back, while others keep writing the key meanwhile."""
@@ -35,3 +40,13 @@ async def fence(
             break
         value, version = await client.get(key)  # written meanwhile: once more
     return value, version
+
+
+async def outcome(
+    fenced: Fenced | Awaitable[tuple[bytes | None, Hlc | None]],
+) -> tuple[bytes | None, Hlc | None]:
+    """The value and version of a key fenced already, or being fenced; raises the error that
+    kept it unfenced."""
+    if isinstance(fenced, BaseException):
+        raise fenced
+    return fenced if isinstance(fenced, tuple) else await fenced

@@ -59,8 +59,8 @@ from agent.sync.decisions import (
     Synced,
 )
 from agent.sync.device_record import DeviceRecord, MarkedRecord, Written
-from agent.sync.fence import fence
-from agent.sync.recollection import Recollection
+from agent.sync.fence import Fenced, fence, outcome
+from agent.sync.recollection import Recollection, StoreReading
 from agent.sync.record import PointRecord, Refusal
 from agent.sync.state_file import StateFile
 from agent.sync.status import PANEL, RESTORE, SyncStatus
@@ -116,7 +116,9 @@ class PointSync:
         self._reconcile_wanted = False
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
-        self._takeover: Synced | None = None
+        self._decide_as_takeover: Synced | None = None
+        """The next decision is a takeover's, on this base (what the former active last
+        had): after a takeover, and after our own publish in doubt (its record read back)."""
         self._unanswered: PointValue | None = None
         """Our own publish whose answer never came, until the point syncs again."""
         self.reconciled = asyncio.Event()
@@ -176,17 +178,17 @@ class PointSync:
             # not on the takeover's (what the former active last had on the controller), and
             # a value the former active had published was taken for a panel change.
             while self.controller is not None and (
-                self._takeover is not None or self.reconciled.is_set()
+                self._decide_as_takeover is not None or self.reconciled.is_set()
             ):
                 try:
-                    if self._takeover is not None:
-                        record, self._takeover = self._takeover, None
+                    if self._decide_as_takeover is not None:
+                        record, self._decide_as_takeover = self._decide_as_takeover, None
                         decided = await self._reconcile_at_takeover(record)
                         self.reconciled.set()
                         if not decided and self.controller is not None:
                             # The store or the unit did not answer: the takeover's base
                             # still decides, at the next event (a reading, a change).
-                            self._takeover = record
+                            self._decide_as_takeover = record
                             break
                     elif self._reconcile_wanted:
                         self._reconcile_wanted = False
@@ -225,18 +227,23 @@ class PointSync:
     # ------------------------------------------------------------------ taking over
 
     async def take_over(
-        self, controller: Controller, entry: PointRecord | None, marked_at: Hlc | None = None
+        self,
+        controller: Controller,
+        entry: PointRecord | None,
+        marked_at: Hlc | None = None,
+        fenced: Fenced | None = None,
     ) -> bool:
         """Holds the controller from now on: reads the point's key and writes it back with
         this instance's token (the fence), and leaves the point to be reconciled by its
         worker, once `start()`ed (`reconciled` is set then). `entry`: the point's part of
         the record the device read and fenced, `marked_at` that record's version. True if
         the store showed a remote change the former active never applied (a device to
-        reconcile first); False also when the store could not be read."""
+        reconcile first); False also when the store could not be read. `fenced`: the key
+        fenced already, with every other key of the line at once (sync.fence.Fenced)."""
         self.controller = controller
         self.reconciled.clear()
         try:
-            store_raw, store_version = await self.fence(self.key, "write")
+            store_raw, store_version = await outcome(fenced or self.fence(self.key, "write"))
         except (LockNotHeld, FencingTokenLowerVersion):
             self.serve_unfenced(controller)
             return False
@@ -251,10 +258,8 @@ class PointSync:
             )
         synced = self.status.synced if entry is None else entry.synced
         if entry is not None:
-            whole_since = self.client.delivered_since(self.key)
-            if not self.past.count(
-                entry, marked_at, store_raw, store_version, whole_since, own=False
-            ):
+            store = StoreReading(store_raw, store_version, self.client.delivered_since(self.key))
+            if not self.past.take_former_publish(entry, marked_at, store):
                 self.log.info(
                     "takeover: the former active's publish of %s %s never reached the store "
                     "(refused): the controller's value is a panel change still to publish",
@@ -264,7 +269,7 @@ class PointSync:
         # Until the takeover's reconcile decides, every record names the publish it counts as
         # the store's (a store that lost its contents lost the record that named it).
         self.enter_in_record(synced=decisions.newer(self.status.synced, synced))
-        self._takeover = synced
+        self._decide_as_takeover = synced
         self._wake.set()
         return store_version is not None and (
             synced.version is None or store_version > synced.version
@@ -323,8 +328,8 @@ class PointSync:
                 self._what,
             )
         entry, marked_at = (None, None) if marked is None else (marked.entry, marked.version)
-        whole_since = self.client.delivered_since(self.key)
-        self.past.count(entry, marked_at, store_raw, store_version, whole_since, own=True)
+        store = StoreReading(store_raw, store_version, self.client.delivered_since(self.key))
+        self.past.take_own_publish(entry, marked_at, store)
 
     async def fence(self, key: str, writing: str) -> tuple[bytes | None, Hlc | None]:
         """`key` fenced with this instance's token (agent.sync.fence)."""
@@ -342,7 +347,7 @@ class PointSync:
         """Stepping down: hands back the controller, drops pending work (the next reconciles)."""
         controller, self.controller = self.controller, None
         self._remote, self._reading, self._reconcile_wanted = None, None, False
-        self._takeover = None
+        self._decide_as_takeover = None
         self.reconciled.clear()
         return controller
 
@@ -360,13 +365,15 @@ class PointSync:
             await self.reconcile()
             return
         async with self._busy:
-            await self._run_locked(
+            decided = await self._run_locked(
                 "remote change",
                 lambda current, rules: decisions.on_remote_change(
                     self.status.synced, value, version, current, rules
                 ),
                 since=time.monotonic() if arrived is None else arrived,
             )
+        if not decided:
+            self.reconcile_soon()  # the unit unread (a reply lost): the store still has it
 
     async def poll(self) -> None:
         """Reads the controller now (urgent) and publishes a local change."""
@@ -512,19 +519,14 @@ class PointSync:
         self.status.counters.invalid_remote_values += 1
         self.status.wrote(status.REMOTE, status.REFUSED)
         shown = decision.value[:32].decode("ascii", errors="backslashreplace")
-        self.log.warning(
-            "%s: %s %r refused (%s); the store gets the unit's %s back",
-            what,
-            self.name,
-            shown,
-            decision.reason,
-            decision.restore,
-        )
+        said = "%s: %s %r refused (%s); the store gets the unit's %s back"
+        self.log.warning(said, what, self.name, shown, decision.reason, decision.restore)
+        # The refusal first, in every record from now on: a writer waiting on the record must
+        # not take the restore's sync (no sync since: it answers the refusal) for its value.
         self.record.refused = Refusal(self.name, shown, decision.version, decision.reason)
         if decision.restore is not None:
-            await self._publish(decision.restore, f"{shown} refused: {decision.reason}", RESTORE)
-        else:
-            await self.write_record()
+            await self._publish(decision.restore, f"{shown} refused: {decision.reason}", True)
+        await self.write_record()
 
     async def _apply(
         self, decision: ApplyToController, controller_value: PointValue, read_after: float
@@ -573,7 +575,7 @@ class PointSync:
         )
         await self._record(readback, decision.version)
         if decision.correct_store or not decisions.same(readback, decision.value):
-            await self._publish(readback, "the controller keeps a rounded value", status.REMOTE)
+            await self._publish(readback, "the controller keeps a rounded value")
         return None
 
     def _forget_pending(self, intent: Synced) -> None:
@@ -585,10 +587,11 @@ class PointSync:
         return "set point" if self.name == "setPoint" else self.name
 
     async def _publish(
-        self, value: PointValue, reason: str, origin: str = PANEL, *, only_if_absent: bool = False
+        self, value: PointValue, why: str, restores: bool = False, *, only_if_absent: bool = False
     ) -> None:
         if not self._may_write():
             return
+        origin = RESTORE if restores else PANEL
         # The record marking the value goes right behind it on the same connection (both
         # sent before either answer is awaited): a record with the mark in the store means
         # the store had the value first, so a takeover knows a later value there is newer,
@@ -629,7 +632,7 @@ class PointSync:
                 # The store may have it and a remote change after it: the next decision is
                 # made as a takeover's, on the record sent behind it, read back first (once
                 # connected again: the reconnect wakes the worker).
-                self._takeover = self.status.synced
+                self._decide_as_takeover = self.status.synced
                 if isinstance(exc, TimeoutError):
                     self._wake.set()
             return
@@ -642,16 +645,11 @@ class PointSync:
             self.status.synced = decisions.base_after_a_lost_race(self.status.synced, value)
             self.reconcile_soon()
             return
-        self.log.info(
-            "published %s %s to the store (%s, version %s)",
-            self._what,
-            value,
-            reason,
-            result.version,
-        )
-        await self._record(value, result.version)
+        said = "published %s %s to the store (%s, version %s)"
+        self.log.info(said, self._what, value, why, result.version)
+        await self._record(value, result.version, restores)
 
-    async def _record(self, value: PointValue, version: Hlc | None) -> None:
+    async def _record(self, value: PointValue, version: Hlc | None, restores: bool = False) -> None:
         """Both sides agree on `value` at `version`: remember it, on disk and in the store
         (the sync record, for whoever takes over next)."""
         synced = Synced(value, version)
@@ -663,6 +661,8 @@ class PointSync:
         await self._save_locally()
         if version is not None:
             self._unanswered = self.past.published = None  # synced at a store version: settled
+            if not restores:  # a restore answers a refusal: it is no sync since
+                self.record.synced_since(self.name, version)
             await self.write_record()
 
     def enter_in_record(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from agent.controller.interface import PointValue
 from agent.controller.points import Point
@@ -20,6 +21,17 @@ from agent.sync import decisions
 from agent.sync.decisions import Synced
 from agent.sync.history import StoreHistory
 from agent.sync.record import PointRecord
+
+
+@dataclass(frozen=True, slots=True)
+class StoreReading:
+    """The point's key as read from the store, and the version since which every change of
+    it reached this instance (StateStoreClient.delivered_since)."""
+
+    raw: bytes | None
+    version: Hlc | None
+    whole_since: Hlc | None
+
 
 SEEN_WHILE_STANDBY = 64
 """A point's values kept while standby, newest last (see `decisions.takeover_base`)."""
@@ -50,28 +62,35 @@ class Recollection:
         """While standby: the active's record entry names the publish it counts."""
         self.published = entry.published if entry.published is not None else entry.unanswered
 
-    def count(
-        self,
-        entry: PointRecord | None,
-        marked_at: Hlc | None,
-        store_raw: bytes | None,
-        store_version: Hlc | None,
-        whole_since: Hlc | None,
-        *,
-        own: bool,
+    def take_former_publish(
+        self, entry: PointRecord, marked_at: Hlc | None, store: StoreReading
     ) -> bool:
-        """The publish a record's entry marks (`marked_at`: the record's version), counted as
-        the store's unless it never had it: the former active's at a takeover, or, `own`, our
-        publish in doubt by the record sent behind it, read back (None: not in the store).
+        """At a takeover: the publish the former active's record entry marks (`marked_at`:
+        the record's version) is counted as the store's, unless the store never had it.
         False if the entry marks one the store never had (refused)."""
+        self._take(entry, marked_at, store, own=False)
+        return entry.published is None or self.published is not None
+
+    def take_own_publish(
+        self, entry: PointRecord | None, marked_at: Hlc | None, store: StoreReading
+    ) -> None:
+        """Our publish in doubt, counted as the store's if the record sent behind it,
+        read back (None: not in the store), marks it."""
+        self._take(entry, marked_at, store, own=True)
+
+    def _take(
+        self, entry: PointRecord | None, marked_at: Hlc | None, store: StoreReading, *, own: bool
+    ) -> None:
         self.own_doubt = own
         self.published = None
-        if entry is None:
-            return True
-        self.published = self.history.former_publish(
-            entry, marked_at, decisions.parsed(self.point, store_raw), store_version, whole_since
-        )
-        return entry.published is None or self.published is not None
+        if entry is not None:
+            self.published = self.history.former_publish(
+                entry,
+                marked_at,
+                decisions.parsed(self.point, store.raw),
+                store.version,
+                store.whole_since,
+            )
 
     def base(
         self,

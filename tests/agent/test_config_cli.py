@@ -362,3 +362,26 @@ def test_the_sim_profile_is_built_in_for_either_driver(driver: str) -> None:
     result = run_agent(env=unknown)
     assert result.returncode == EXIT_CONFIG
     assert "AGENT_DEVICES (devices): device t01: no profile 'kc' (defined: sim)" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["environment", "env-file"])
+@pytest.mark.parametrize("print_config", [False, True], ids=["start", "print-config"])
+def test_a_misspelt_variable_exits_78_naming_the_setting_meant(
+    tmp_path: Path, where: str, print_config: bool
+) -> None:
+    typo = {"AGENT_MQTT_PORT": "21883"}  # one underscore: the port would stay 1883
+    env_file = tmp_path / "floor3.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in typo.items()))
+    args = ["--env-file", str(env_file)] if where == "env-file" else []
+    args += ["--print-config"] if print_config else []
+    result = run_agent(*args, env={**BASE, **(typo if where == "environment" else {})})
+    assert result.returncode == EXIT_CONFIG, result.stdout + result.stderr
+    assert result.stderr == (
+        "agent: invalid setting AGENT_MQTT_PORT: no such setting; did you mean AGENT_MQTT__PORT?\n"
+    )
+    assert result.stdout == ""
+
+
+def test_the_names_systemd_and_the_tests_set_are_no_typo() -> None:
+    env = {**BASE, "AGENT_LINE_ID": "thermostat-1", "AGENT_SOAK_SEED": "651"}
+    assert printed_config(env=env)["line_id"] == "thermostat-1"

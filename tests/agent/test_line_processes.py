@@ -19,7 +19,7 @@ from agent.emulator.embedded import EmbeddedStateStore
 from agent.emulator.store import Access
 from agent.simulator.line import FakeLine
 from tests.support.processes import AgentProcess
-from tests.support.rig import ACTIVE, STANDBY, BackgroundLoop, LineRig
+from tests.support.rig import ACTIVE, STANDBY, BackgroundLoop, LineRig, line_rig
 
 UNITS = 32
 QUARANTINED = re.compile(r"(t\d\d): not answering; quarantined")
@@ -27,11 +27,8 @@ QUARANTINED = re.compile(r"(t\d\d): not answering; quarantined")
 
 @pytest.fixture
 def line(tmp_path: Path) -> Iterator[LineRig]:
-    rig = LineRig(tmp_path, UNITS)
-    try:
+    with line_rig(tmp_path, UNITS) as rig:
         yield rig
-    finally:
-        rig.close()
 
 
 def all_at(value: bytes, addresses: range | list[int]) -> dict[int, bytes]:

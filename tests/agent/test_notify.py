@@ -152,7 +152,9 @@ def test_ready_only_after_connected_and_role_decided(
     agent.wait_for_new(NOT_CONNECTING)
     agent.wait_for_new(NOT_CONNECTING)
     before = notify.settled()
-    assert [n.fields for n in before] == [{"STATUS": "connecting to the broker"}]
+    assert [n.fields for n in before] == [
+        {"STATUS": f"connecting to the broker 127.0.0.1:{rig.port}"}  # which one: it is said
+    ]
 
     rig.broker_up()
     ready = notify.wait_for(is_ready)
@@ -223,6 +225,34 @@ async def test_stalled_event_loop_stops_the_watchdog_pings(
         stop.set()
         assert await asyncio.wait_for(running, 10) == 0
         notifier.close()
+
+
+@pytest.mark.slow  # two agents, a broker that goes and comes back: seconds
+def test_the_status_line_says_what_is_wrong_since_when_naming_the_broker_or_the_port(
+    rig: Rig, listen: Callable[[str], NotifyListener]
+) -> None:
+    """`systemctl status` said `standby for ...` on both gateways while their health said
+    they were failing: the status line is the truth too."""
+    notify = listen("a")
+    rig.start_agent("a", NOTIFY_SOCKET=notify.address)
+    notify.wait_for(is_ready)
+    other = listen("b")
+    rig.start_agent("b", NOTIFY_SOCKET=other.address, AGENT_SERIAL__URL="/dev/ttyNOPE0")
+    failing = r"; failing since \d\d:\d\d:\d\d UTC: "
+
+    def says(listener: NotifyListener, pattern: str) -> Notification:
+        said = listener.wait_for(lambda n: "failing since" in n.fields.get("STATUS", ""))
+        assert re.fullmatch(pattern, said.fields["STATUS"]), said.fields
+        return said
+
+    says(other, rf"standby for {DEVICE}{failing}cannot take over: .*/dev/ttyNOPE0.*")
+    rig.broker_down()
+    broker = re.escape(f"127.0.0.1:{rig.port}")
+    gone = says(notify, rf"\w+ for {DEVICE}.*{failing}not connected to the broker {broker}")
+    rig.broker_up()
+    notify.wait_for(
+        lambda n: n.at > gone.at and "STATUS" in n.fields and "failing" not in n.fields["STATUS"]
+    )
 
 
 def test_sigterm_sends_stopping(rig: Rig, listen: Callable[[str], NotifyListener]) -> None:

@@ -128,10 +128,9 @@ def test_a_takeover_fences_the_readings_it_publishes(line: PointsRig) -> None:
 
     # The token of its last write of the key (it moves on with every renewal of the lease).
     former = [e.token for e in line.store_events if e.key == key and e.accepted][-1]
-    deadline = time.monotonic() + 10
-    while (answer := line.background.call(late_write)) == b"+OK\r\n":
-        assert time.monotonic() < deadline, "the reading's key was never fenced"
-        time.sleep(0.05)  # until the takeover has fenced it
+    # The takeover fences the key: a write of it by the new active, accepted.
+    line.wait_store_event(lambda e: e.key == key and e.accepted and "-b-" in e.client, timeout=30)
+    answer = line.background.call(late_write)
     assert b"lower version than the fencing token" in answer, answer
 
 
@@ -208,3 +207,59 @@ def test_a_write_left_unanswered_is_never_taken_for_a_panel_change(line: PointsR
     line.wait_points({(1, "occupied"): True})
     agent.drain()
     assert not any(re.search(r"published occupied False", x) for x in agent.lines)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        # Raised, heat's key first: heat 25 beside the unit's cool 24 broke the deadband
+        # alone; with cool 27 it keeps it, and cool goes to the unit first.
+        (
+            [("heatSetPoint", 25.0), ("coolSetPoint", 27.0)],
+            {"heatSetPoint": 25.0, "coolSetPoint": 27.0},
+        ),
+        # Lowered, cool's key first: cool 19.5 beside the unit's heat 20 broke it alone.
+        (
+            [("coolSetPoint", 19.5), ("heatSetPoint", 15.0)],
+            {"heatSetPoint": 15.0, "coolSetPoint": 19.5},
+        ),
+        # A pair that breaks the deadband itself: both refused, neither half applied.
+        (
+            [("heatSetPoint", 25.0), ("coolSetPoint", 25.5)],
+            {"heatSetPoint": 20.0, "coolSetPoint": 24.0},
+        ),
+    ],
+    ids=["raised", "lowered", "breaking"],
+)
+def test_both_set_points_changed_in_one_burst_are_judged_as_one_change(
+    line: PointsRig, changes: list[tuple[str, float]], expected: dict[str, float]
+) -> None:
+    line.start_active("a")
+    line.wait_points(every_point(1, AT_START))
+    for name, value in changes:
+        assert line.remote_point(1, name, value) == b"+OK\r\n"
+    line.wait_units({(1, name): value for name, value in expected.items()})
+    line.wait_points({(1, name): value for name, value in expected.items()})
+    if expected["heatSetPoint"] == AT_START["heatSetPoint"]:
+        assert line.point_writes(1, "heatSetPoint") == line.point_writes(1, "coolSetPoint") == []
+    else:
+        assert line.point_writes(1, "heatSetPoint") == [expected["heatSetPoint"]]
+        assert line.point_writes(1, "coolSetPoint") == [expected["coolSetPoint"]]
+
+
+def test_setpoint_set_writes_several_points_of_a_device_in_one_command(line: PointsRig) -> None:
+    line.start_active("a")
+    line.wait_points(every_point(1, AT_START))
+    done = command(
+        line, "setpoint", "set", "t01", "heatSetPoint=25", "coolSetPoint=27", "--wait", "10"
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert [row.split()[0] for row in done.stdout.splitlines()] == ["heatSetPoint", "coolSetPoint"]
+    line.wait_units({(1, "heatSetPoint"): 25.0, (1, "coolSetPoint"): 27.0})
+    refused = command(
+        line, "setpoint", "set", "t01", "heatSetPoint=29", "coolSetPoint=29.5", "--wait", "10"
+    )
+    assert refused.returncode == EXIT_REFUSED, (refused.stdout, refused.stderr)
+    assert "refused: heatSetPoint: " in refused.stderr
+    assert "refused: coolSetPoint: " in refused.stderr
+    line.wait_points({(1, "heatSetPoint"): 25.0, (1, "coolSetPoint"): 27.0})

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.agent.test_liveness import log_time
-from tests.ops.support import Topics, health_topic
+from tests.ops.support import Topics, health_topic, status
 from tests.support.rig import STANDBY, STEPPED_DOWN, LineRig
 
 RELOADED = re.compile(r"reloaded: (.*) \(configuration (\w+), was (\w+)\)")
@@ -109,4 +113,62 @@ def test_an_invalid_change_is_refused_whole_and_the_line_runs_on(tmp_path: Path)
         rig.wait_line(lambda line: line.unit(2).setpoint == 23.5)
         assert active.proc.poll() is None
     finally:
+        rig.close()
+
+
+def test_a_reload_to_no_devices_is_refused_as_at_start(tmp_path: Path) -> None:
+    """An empty devices list would not start (exit 78): applied on reload, the active would
+    keep the lease of a line it serves nothing of, and its standby never take over."""
+    rig = FileRig(tmp_path, 2, ttl_ms=1500)
+    try:
+        active, _ = rig.start_active("a")
+        rig.devices_file.write_text("[]")
+        active.signal(signal.SIGHUP)
+        refused = active.wait_for_new(REFUSED, timeout=10)
+        assert f"no device of line {rig.LINE} can be served" in refused.group(1)
+        assert rig.remote_set_device(1, b"23.5") == b"+OK\r\n"
+        rig.wait_line(lambda line: line.unit(1).setpoint == 23.5)
+        active.drain()
+        assert not any(RELOADED.search(t) for t in active.lines), active.lines
+        assert active.proc.poll() is None
+    finally:
+        rig.close()
+
+
+@pytest.mark.slow  # a real agent through a refused reload and a good one: a few seconds
+def test_a_refused_reload_fails_the_reload_command_and_shows_in_status(tmp_path: Path) -> None:
+    rig = FileRig(tmp_path, 3, ttl_ms=1500)
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    health = Topics(rig.port, health_topic(rig.LINE, "a"))
+    try:
+        active, _ = rig.start_active("a", RUNTIME_DIRECTORY=str(runtime))
+
+        def reload_command() -> subprocess.CompletedProcess[str]:
+            where = ["--pid", str(active.proc.pid), "--runtime-dir", str(runtime)]
+            return subprocess.run(
+                [sys.executable, "-m", "agent", "reload", *where],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+
+        rig.devices_file.write_text("[{")
+        refused = reload_command()
+        assert refused.returncode == 1, refused
+        assert refused.stderr.startswith(
+            "agent reload: refused: invalid setting AGENT_DEVICES_FILE"
+        )
+        health.wait(health_topic(rig.LINE, "a"), lambda d: d.get("reload_refused") is not None)
+        code, document = status(rig, rig.LINE)
+        assert code == 5
+        (said,) = [p for p in document["lines"][0]["problems"] if "reload" in p]
+        assert said.startswith("a refused a reload (a restart would fail the same way): invalid")
+
+        rig.write_devices([1, 2, 3])
+        loaded = reload_command()
+        assert (loaded.returncode, loaded.stdout) == (0, ""), loaded
+        health.wait(health_topic(rig.LINE, "a"), lambda d: d.get("reload_refused") is None)
+        _, document = status(rig, rig.LINE)
+        assert not [p for p in document["lines"][0]["problems"] if "reload" in p]
+    finally:
+        health.close()
         rig.close()

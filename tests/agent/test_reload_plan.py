@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,15 +36,24 @@ def test_a_profile_given_to_a_device_is_a_change() -> None:
 
 def test_another_line_is_refused_and_other_settings_wait_for_a_restart() -> None:
     old = settings("t01@1")
-    assert reload.refusal(old, settings("t01@1")) is None
+    assert reload.why_not_reloadable(old, settings("t01@1")) is None
     moved = AgentSettings(line_id="floor4", devices="t01@1", serial=URL)  # type: ignore[arg-type]
-    assert "AGENT_LINE_ID" in (reload.refusal(old, moved) or "")
+    assert "AGENT_LINE_ID" in (reload.why_not_reloadable(old, moved) or "")
     slower = settings("t01@1", serial={**URL, "baudrate": 19200})
     assert reload.restart_only(old, slower) == ["AGENT_SERIAL"]
     assert reload.restart_only(old, settings("t01@1,t02@2")) == []
     running = reload.running(old, settings("t01@1,t02@2"))
     assert [d.id for d in running.line.devices] == ["t01", "t02"]
     assert running.serial == old.serial
+
+
+def test_a_line_left_without_devices_is_refused_as_at_start(tmp_path: Path) -> None:
+    devices_file = tmp_path / "devices.json"
+    devices_file.write_text("[]")
+    emptied = AgentSettings(line_id="floor3", devices_file=devices_file, serial=URL)  # type: ignore[arg-type]
+    assert emptied.line.devices == ()
+    why = reload.why_not_reloadable(settings("t01@1"), emptied)
+    assert why is not None and "no device of line floor3 can be served" in why
 
 
 lines = st.dictionaries(

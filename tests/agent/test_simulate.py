@@ -8,24 +8,46 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.support.processes import AgentProcess
+from tests.support.terminal import COLUMNS, ROWS, Terminal, screen
+
+CLEAR = "\x1b[2J"
+IN_SYNC = re.compile(r"\| yes +\|")
 
 HINTS_END = re.compile(r"Stop with Ctrl-C\.")
 EXPORT = re.compile(r"export AGENT_MQTT__HOST=(\S+) AGENT_MQTT__PORT=(\d+)")
 REACHED_THE_STORE = re.compile(r"published mode auto to the store")
 
 
+def not_activated() -> dict[str, str]:
+    """A newcomer's other terminal: no AGENT_ settings, and the virtual environment this
+    checkout runs in not activated (not on PATH)."""
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != venv_bin)
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AGENT_")},
+        "PATH": path,
+    } | ({} if "VIRTUAL_ENV" not in os.environ else {"VIRTUAL_ENV": ""})
+
+
 def run_hint(line: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """A printed command line, run as a shell would run it (`agent` being this checkout's)."""
-    command = line.strip()
-    if command.startswith("agent "):
-        command = f"{sys.executable} -m {command}"
+    """A printed command line, run as a shell would run it, as printed."""
     return subprocess.run(
-        ["bash", "-c", command], capture_output=True, text=True, env=env, timeout=30, check=False
+        ["bash", "-c", line.strip()],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+        check=False,
     )
+
+
+def agent_commands(hints: list[str], what: str) -> list[str]:
+    return [h.strip() for h in hints if h.startswith("  ") and f" {what} " in h]
 
 
 @pytest.mark.parametrize(
@@ -41,7 +63,7 @@ def run_hint(line: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 def test_the_printed_hints_change_a_set_point_and_a_mode_both_ways(
     args: list[str], driver: str
 ) -> None:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}
+    environment = not_activated()
     simulation = AgentProcess(
         ["--simulate", *args],
         env={**environment, "AGENT_SERIAL__DRIVER": driver},
@@ -52,12 +74,9 @@ def test_the_printed_hints_change_a_set_point_and_a_mode_both_ways(
         hints = [line.rstrip("\n") for line in simulation.lines]
         host, port = EXPORT.search("".join(hints)).groups()  # type: ignore[union-attr]
         env = {**environment, "AGENT_MQTT__HOST": host, "AGENT_MQTT__PORT": port}
-        commands = [
-            h.strip() for h in hints if h.startswith("  agent ") or h.startswith("  printf")
-        ]
-        remote = [c for c in commands if c.startswith("agent setpoint set")]
-        panel = [c for c in commands if c.startswith("printf")]
-        read = [c for c in commands if c.startswith("agent setpoint get")]
+        remote = agent_commands(hints, "setpoint set")
+        panel = [h.strip() for h in hints if h.startswith("  printf")]
+        read = agent_commands(hints, "setpoint get")
         assert len(remote) == 2 and "--point mode" in remote[1], hints
         assert len(panel) == 2 and "PANEL M" in panel[1], hints
         assert len(read) == 1, hints
@@ -76,3 +95,23 @@ def test_the_printed_hints_change_a_set_point_and_a_mode_both_ways(
         simulation.signal(15)
         assert simulation.proc.wait(15) == 0
         simulation.stop()
+
+
+@pytest.mark.slow  # an agent started and its view drawn a few times: seconds
+def test_the_status_view_fits_80x24_with_the_broker_and_the_commands_to_try() -> None:
+    terminal = Terminal(["--simulate", "--status"], env=not_activated())
+    try:
+        # Drawn once the device is in sync: its agent serves it.
+        text = terminal.read_until(lambda t: CLEAR in t and IN_SYNC.search(t.rsplit(CLEAR, 1)[-1]))
+        frame = [line for line in screen(text) if line]
+        assert len(screen(text)) <= ROWS and max(map(len, frame)) <= COLUMNS, frame
+        (store,) = [line for line in frame if line.startswith("state store  mqtt://")]
+        port = store.split(":")[-1].split()[0]
+        assert f"  export AGENT_MQTT__HOST=127.0.0.1 AGENT_MQTT__PORT={port}" in frame
+        (command,) = agent_commands(frame, "setpoint set")
+        assert any(line.startswith("  printf 'PANEL SP 23.5") for line in frame), frame
+        env = {**not_activated(), "AGENT_MQTT__HOST": "127.0.0.1", "AGENT_MQTT__PORT": port}
+        done = run_hint(command, env)
+        assert done.returncode == 0, (command, done.stderr)
+    finally:
+        assert terminal.close() == 0

@@ -23,6 +23,12 @@ echo is the median of the per-round ratios. Loopback only; every process is stop
 the end.
 
 Also timed: `agent emulator --port 0` from process start to its ready line.
+
+Durability (`--data-dir`, unless --no-durability; --durability-only for it alone): SET p50
+and p99 one after another and req/s with a window in flight, for each `--fsync` mode
+(always, everysec, no) on a tmpfs and on the machine's disk, beside the store in memory. A
+SET is answered once its record is kept (fsynced, or written to the file), so this is what
+durability costs a writer.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import selectors
@@ -37,6 +44,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -105,11 +113,12 @@ async def _until_terminated() -> None:
     await stop.wait()
 
 
-async def serve(host: str, port: int) -> None:
+async def serve(host: str, port: int, data_dir: Path | None = None, fsync: str = "always") -> None:
     """The embedded emulator plus an echo on the same broker, until SIGTERM."""
     from agent.emulator.embedded import EmbeddedStateStore
+    from agent.emulator.persistence import FsyncPolicy
 
-    emulator = EmbeddedStateStore(host, port)
+    emulator = EmbeddedStateStore(host, port, data_dir=data_dir, fsync=FsyncPolicy(fsync))
     broker = emulator.broker
 
     def echo(sender: str, request: Message) -> None:
@@ -534,10 +543,90 @@ def _sizes(arguments: argparse.Namespace) -> dict[str, int]:
     }
 
 
+MODES = ("always", "everysec", "no")
+
+
+async def measure_sets(
+    servers: dict[str, tuple[str, int]],
+    *,
+    seq: int,
+    pipe: int,
+    window: int,
+    rounds: int,
+    warmup: int,
+) -> dict[str, Figure]:
+    """SETs alone on each server: sequential latency and pipelined req/s, the servers
+    interleaved round after round (in alternating order) so that the load's drift hits
+    them alike."""
+    clients = {
+        name: RawClient(host, port, f"bench-set-{name}") for name, (host, port) in servers.items()
+    }
+    for client in clients.values():
+        await client.connect()
+    try:
+        requests: dict[str, Request] = {}
+        for name, client in clients.items():
+            await check_replies(client, echo=False)
+            requests[name] = functools.partial(client.request, topics.INVOKE_TOPIC, SET_PAYLOAD)
+            await concurrent(requests[name], warmup, window)
+        figures = {name: Figure() for name in servers}
+        names = list(servers)
+        for index in range(rounds):
+            for name in names if index % 2 == 0 else names[::-1]:
+                started = time.perf_counter()
+                figures[name].seq_times += await sequential(requests[name], seq)
+                figures[name].seq_rates.append(seq / (time.perf_counter() - started))
+                elapsed, times = await concurrent(requests[name], pipe, window)
+                figures[name].pipe_times += times
+                figures[name].pipe_rates.append(pipe / elapsed)
+        return figures
+    finally:
+        for client in clients.values():
+            await client.close()
+
+
+def run_durability(arguments: argparse.Namespace) -> dict[str, Figure]:
+    """SET figures of the store in memory and of each medium and --fsync mode, by
+    "medium mode"."""
+    runs: dict[str, list[str]] = {"memory -": []}
+    with contextlib.ExitStack() as stack:
+        for medium, parent in (("tmpfs", arguments.tmpfs_dir), ("disk", arguments.disk_dir)):
+            for mode in MODES:
+                directory = stack.enter_context(tempfile.TemporaryDirectory(dir=parent))
+                runs[f"{medium} {mode}"] = ["--data-dir", directory, "--fsync", mode]
+        servers = {}
+        for name, args in runs.items():
+            server = ServerProcess(["--serve", *args])
+            stack.callback(server.stop)
+            servers[name] = server.ready_url()
+        return asyncio.run(measure_sets(servers, **_sizes(arguments)))
+
+
+def print_durability(found: dict[str, Figure], window: int) -> None:
+    print("\nSET with --data-dir, embedded broker + store (separate process), raw gmqtt client")
+    header = (
+        f"{'medium':<7} {'--fsync':<9} {'seq n':>6}  {'p50 ms':>7}  {'p99 ms':>7}  "
+        f"{'window':>6}  {'req/s':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, figure in found.items():
+        medium, mode = name.split()
+        print(
+            f"{medium:<7} {mode:<9} {len(figure.seq_times):>6}  {p50_ms(figure.seq_times):>7.3f}  "
+            f"{p99_ms(figure.seq_times):>7.3f}  {window:>6}  "
+            f"{statistics.median(figure.pipe_rates):>7.0f}"
+        )
+
+
 def main(arguments: argparse.Namespace) -> int:
     logging.getLogger("gmqtt").setLevel(logging.WARNING)
     started = time.perf_counter()
     found: list[Verdict] = []
+    if arguments.durability_only:
+        print_durability(run_durability(arguments), arguments.window)
+        print(f"\nRun time {time.perf_counter() - started:.1f} s.")
+        return 0
 
     starts = startup_times(arguments.starts)
     startup = statistics.median(starts)
@@ -571,6 +660,9 @@ def main(arguments: argparse.Namespace) -> int:
             )
             found += verdicts("mosquitto", external)
 
+    if not arguments.no_durability:
+        print_durability(run_durability(arguments), arguments.window)
+
     print_verdicts(found)
     print(
         f"\nseq: requests one after another, latency pooled over {arguments.rounds} rounds; "
@@ -593,6 +685,22 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-echo", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--fsync", default="always", help=argparse.SUPPRESS)
+    parser.add_argument("--no-durability", action="store_true", help="no --data-dir table")
+    parser.add_argument("--durability-only", action="store_true", help="only the --data-dir table")
+    parser.add_argument(
+        "--disk-dir",
+        type=Path,
+        default=Path("/var/tmp"),
+        help="a directory on the machine's disk for the --data-dir table (default /var/tmp)",
+    )
+    parser.add_argument(
+        "--tmpfs-dir",
+        type=Path,
+        default=Path("/dev/shm"),
+        help="a directory on a tmpfs for the --data-dir table (default /dev/shm)",
+    )
     return parser.parse_args(argv)
 
 
@@ -600,7 +708,7 @@ if __name__ == "__main__":
     args = parse_arguments()
     if args.serve:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve("127.0.0.1", args.port))
+            asyncio.run(serve("127.0.0.1", args.port, args.data_dir, args.fsync))
     elif args.serve_echo:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve_echo(args.serve_echo))

@@ -2,10 +2,11 @@
 parallel, as pytest's addopts say), beside its bound of 4 minutes and beside the same suite
 run serially (`-n 0`), in one run of this script.
 
-    python -m tests.bench.bench_suite [--no-serial] [--beside 'COMMAND']
+    python -m tests.bench.bench_suite [--no-serial] [--repeat N] [--beside 'COMMAND']
 
 `--beside` runs a command next to the suite for the whole run (a soak, say, to see the suite
-on a loaded machine) and stops it after; the suite must pass all the same.
+on a loaded machine) and stops it after; the suite must pass all the same. `--repeat` runs the
+parallel suite N times in a row (all beside the one command).
 
 Prints, for each run: wall seconds, the CPU seconds it used (its processes and theirs), the
 pytest summary line, and the ten slowest tests.
@@ -64,6 +65,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-serial", action="store_true", help="skip the serial run")
     parser.add_argument("--beside", help="a command to run beside the suite (a soak, say)")
+    parser.add_argument("--repeat", type=int, default=1, help="parallel runs in a row")
     options = parser.parse_args()
 
     beside = None
@@ -76,7 +78,9 @@ def main() -> int:
             start_new_session=True,
         )
     try:
-        runs = [run_suite("parallel (the README's command)")]
+        runs = [
+            run_suite(f"parallel (the README's command) #{n + 1}") for n in range(options.repeat)
+        ]
         if not options.no_serial:
             runs.append(run_suite("serial (-n 0)", "-n", "0"))
     finally:
@@ -87,10 +91,10 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores" + (f"; beside: {options.beside}" if beside else ""))
     print(f"{'run':34} {'wall s':>8} {'bound s':>8} {'cpu s':>8}  result")
     for run in runs:
-        bound = f"{BOUND_S:8.0f}" if run is runs[0] else f"{'':8}"
+        bound = f"{BOUND_S:8.0f}" if run.name.startswith("parallel") else f"{'':8}"
         print(f"{run.name:34} {run.wall_s:8.1f} {bound} {run.cpu_s:8.1f}  {run.summary}")
-    if len(runs) == 2:
-        print(f"parallel / serial: {runs[0].wall_s / runs[1].wall_s:.2f}")
+    if not options.no_serial:
+        print(f"parallel / serial: {runs[0].wall_s / runs[-1].wall_s:.2f}")
     for run in runs:
         print(f"\nslowest, {run.name}:")
         for line in run.slowest:

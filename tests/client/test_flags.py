@@ -77,6 +77,7 @@ def connected_line(stderr: str) -> re.Match[str] | None:
 
 # Each connection flag of `agent store --help`, and the test(s) that show it working.
 STORE_FLAGS = {
+    "--env-file": "tests/ops/test_line_env.py::test_env_file_flag_under_the_environment",
     "--host": "test_host_and_port_flags_win_over_the_environment",
     "--port": "test_host_and_port_flags_win_over_the_environment",
     "--client-id": "test_client_id_flag",

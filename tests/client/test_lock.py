@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -111,6 +112,21 @@ async def test_local_deadline_passes_before_the_store_expires_the_lock(connect: 
     assert not lock.held and lock.token is None
     # The store still holds it: the holder gave up first, as it must.
     assert await lock.current_holder() == b"a"
+
+
+async def test_a_lost_lock_is_logged_with_its_key_as_text(
+    connect: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = await connect("a")
+    key = "floor3\\lock-" + lock_key()
+    lock = LeasedLock(client, key, "a", safety_margin_s=0.2)
+    losses = Losses()
+    lock.on_lost(losses)
+    assert await lock.try_acquire(600) is not None
+    with caplog.at_level(logging.WARNING, logger="agent.client.lock"):
+        await asyncio.wait_for(losses.event.wait(), 5)
+    (said,) = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
+    assert said == f"lock {key} lost: {LossReason.DEADLINE_PASSED.value}"  # not b'floor3\\\\lock'
 
 
 async def test_renewal_refused_is_a_loss(connect: Connect) -> None:

@@ -161,8 +161,9 @@ async def test_resubscribes_and_runs_hooks_in_order_after_a_broker_restart(
         await asyncio.to_thread(mosquitto.restart)
         back_at = time.monotonic()
         await asyncio.wait_for(hooks_done.wait(), 5)
-        # Backoff between 0.05 and 0.2 s: back within a few attempts once the broker is.
-        assert time.monotonic() - back_at < 1.5
+        # Backoff between 0.05 and 0.2 s: back within a few attempts once the broker is (the
+        # bound leaves a loaded machine slack; the default backoff would be tens of seconds).
+        assert time.monotonic() - back_at < 3.0
         assert disconnected.is_set()
         assert events == ["disconnected", "hook1 connected=True", "hook2"]
         assert (await inbox.get()).payload == b"from-hook1"
@@ -271,7 +272,7 @@ async def test_publish_while_disconnected(mosquitto: Mosquitto) -> None:
         began = time.monotonic()
         with pytest.raises(NotConnected):
             await session.publish("offline/now", b"x", timeout=5)
-        assert time.monotonic() - began < 0.5  # at once, not after the timeout
+        assert time.monotonic() - began < 2.5  # at once, not after the 5 s timeout
 
         with pytest.raises(SessionTimeout, match="no connection"):
             await session.publish("offline/late", b"x", timeout=0.2, wait_connected=True)

@@ -66,24 +66,49 @@ async def test_a_late_reply_is_waited_out_even_after_a_request_the_gate_held_bac
 
 
 async def test_another_units_late_reply_costs_no_wait(line: FakeLine) -> None:
-    """On the line protocol, whose replies are told apart by their address."""
-    if line.register_map is not None:
-        pytest.skip("the fake Modbus line answers one request at a time")
+    """Unit 2 answers out of turn, a little past its reply's time, while unit 1 (which
+    takes its time) is still to answer: unit 2's reply is told apart by its address,
+    discarded, and unit 1's is read; nothing is counted as corrupt (three corrupt replies
+    in a row quarantine a healthy unit), and unit 1's own reply is not left on the line
+    to pass for the answer to its next request."""
     driver = driver_for(line)
-    line.unit(2).fault("SLOW", LATE_BY_MS)
+    reply_wait_ms = driver.reply_wait_s(driver.poll_frame[0]) * 1000
+    line.unit(2).fault("LATE", round(reply_wait_ms + 0.3 * REPLY_TIMEOUT_S * 1000))
+    line.unit(1).fault("SLOW", round(0.6 * REPLY_TIMEOUT_S * 1000))
     line.unit(1).panel_setpoint(24.0)
 
-    def session() -> float:
+    def session() -> list[float]:
         driver.open()
         try:
             with pytest.raises(ControllerUnavailable):
                 driver.read_state(Unit("t2", 2))
-            line.unit(2).fault("CLEAR")
-            return driver.read_state(Unit("t1", 1)).setpoint
+            first = driver.read_state(Unit("t1", 1)).setpoint
+            line.unit(1).fault("CLEAR")
+            line.unit(1).panel_setpoint(26.0)
+            return [first, driver.read_state(Unit("t1", 1)).setpoint]
         finally:
             driver.close()
 
-    assert await asyncio.to_thread(session) == 24.0
+    assert await asyncio.to_thread(session) == [24.0, 26.0]
+    assert driver.stats.corrupt_replies == 0
+
+
+async def test_a_reply_from_the_wrong_address_is_no_reply(line: FakeLine) -> None:
+    """A unit set to another unit's address: its replies are not taken for its own."""
+    driver = driver_for(line)
+    line.unit(1).fault("ASADDRESS", 2)
+
+    def session() -> None:
+        driver.open()
+        try:
+            with pytest.raises(ControllerUnavailable):
+                driver.read_state(Unit("t1", 1))
+        finally:
+            driver.close()
+
+    await asyncio.to_thread(session)
+    assert driver.stats.corrupt_replies == 0
+    assert line.records[-1].answered
 
 
 async def test_a_reply_later_than_one_quiet_wait_is_waited_out(line: FakeLine) -> None:

@@ -416,6 +416,22 @@ def test_reload_line_fails_with_the_agents_words_when_it_refuses(reload_line: An
     )
 
 
+def test_reload_line_takes_the_agents_words_when_systemctl_reload_fails(reload_line: Any) -> None:
+    """The unit's `agent reload` fails systemctl reload on a refusal: the words are the
+    agent's, from the journal, all the same."""
+    refusal = "reload refused: invalid setting AGENT_DEVICES_FILE (f): bad"
+    gateway = FakeGateway([agent_said(f"{refusal}; running configuration h1")])
+
+    def run(*args: str) -> str:
+        said = gateway.run(*args)
+        if args[:2] == ("systemctl", "reload"):
+            raise reload_line.Failed(2, "systemctl reload agent@floor3.service: Job failed")
+        return said
+
+    reload_line.run = run
+    assert reload_line.reload("floor3", 5.0) == (3, f"floor3: {refusal}; running configuration h1")
+
+
 def test_reload_line_fails_when_the_agent_runs_other_than_the_files_say(
     reload_line: Any,
 ) -> None:

@@ -266,7 +266,8 @@ def test_pause_and_resume_with_changes_on_both_sides(site: PairSite) -> None:
 
 DEVICES_FILE = f"/etc/agent/{LINE}.devices.json"
 RELOADED = re.compile(r"reloaded: (.*) \(configuration (\w+), was (\w+)\)")
-AGENT_RELOAD = r"reload(ed)?( refused)?: "  # the agent's words, not systemd's "Reloading"
+# The agent's words, not systemd's "Reloading" nor those of `agent reload` (ExecReload=).
+AGENT_RELOAD = r"(?<!agent )reload(ed)?( refused)?: "
 
 
 def task_output(run: CompletedProcess[str], task: str) -> str:
@@ -427,8 +428,10 @@ def test_a_play_with_an_invalid_devices_file_fails_and_the_line_runs_on(site: Pa
     refusal = f"reload refused: invalid setting AGENT_DEVICES_FILE ({DEVICES_FILE}): {words}"
     assert f"floor3: {refusal}; running configuration" in run.stdout, run.stdout[-3000:]
     assert "TASK [agent : Put back the devices files whose change the agent refused]" in run.stdout
-    (said,) = before.messages(site, "gw1", AGENT_RELOAD)
+    said, *put_back = before.messages(site, "gw1", AGENT_RELOAD)
     assert refusal in said
+    # The file put back is reloaded: the refusal no longer shows in status.
+    assert [m for m in put_back if "reload: no device changed" not in m] == []
     assert not before.messages(site, "gw2", AGENT_RELOAD)  # side b was not touched
     assert {name: site[name].path(DEVICES_FILE).read_text() for name in site.names} == files
     before.check_unchanged(site)

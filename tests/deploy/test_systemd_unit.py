@@ -3,6 +3,7 @@ what the agent expects of it (notify, exit code 78, credentials, the state direc
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -135,28 +136,45 @@ def test_waits_for_the_network_and_the_clock(unit: dict) -> None:
     assert "network-online.target" in words(unit, "Unit", "Wants")
 
 
-def test_reload_sends_sighup_to_the_main_process_alone(unit: dict) -> None:
-    """ExecReload= run as systemd runs it (MAINPID in its environment, no PATH of ours): the
-    agent's main process gets SIGHUP, which reads its devices again; nothing else is sent."""
+@pytest.mark.parametrize("refused", [None, "invalid setting AGENT_DEVICES_FILE (...): bad"])
+def test_reload_signals_the_main_process_and_fails_when_it_refuses(
+    unit: dict, tmp_path: Path, refused: str | None
+) -> None:
+    """ExecReload= run as systemd runs it (MAINPID and RUNTIME_DIRECTORY in its environment):
+    the agent's main process gets SIGHUP, and the command ends with the verdict the process
+    writes, failing with its words when it refused the files."""
     command = shlex.split(one(unit, "Service", "ExecReload"))
-    assert command[0] == "/bin/sh", "the shell every gateway has (procps's kill may be missing)"
+    assert command[0] == EXEC_START
+    command[0] = str(Path(sys.executable).parent / "agent")  # this checkout's, not a gateway's
     catcher = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import signal, sys\n"
-            "signal.signal(signal.SIGHUP, lambda *_: (print('HUP', flush=True), sys.exit(0)))\n"
+            "from pathlib import Path\n"
+            "from agent.runtime.reloading import ReloadVerdicts\n"
+            "said = ReloadVerdicts(Path(sys.argv[1]))\n"
+            "def hup(*_): said.record(sys.argv[2] or None); print('HUP', flush=True); sys.exit(0)\n"
+            "signal.signal(signal.SIGHUP, hup)\n"
             "print('ready', flush=True)\n"
             "signal.pause()\n",
+            str(tmp_path),
+            refused or "",
         ],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert catcher.stdout is not None and catcher.stdout.readline() == "ready\n"
-        run(command, env={"MAINPID": str(catcher.pid)}, timeout=10)
+        env = {**os.environ, "MAINPID": str(catcher.pid), "RUNTIME_DIRECTORY": str(tmp_path)}
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
         assert catcher.stdout.readline() == "HUP\n"
         assert catcher.wait(10) == 0
+        if refused is None:
+            assert (result.returncode, result.stdout) == (0, "")
+        else:
+            assert result.returncode == 1
+            assert result.stderr == f"agent reload: refused: {refused}\n"
     finally:
         catcher.kill()
         catcher.wait()

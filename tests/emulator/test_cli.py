@@ -61,6 +61,7 @@ def test_help_documents_the_security_flags_and_file_formats() -> None:
         ({"cert.pem": "x"}, ["--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
         ({"a.pem": "x", "b.pem": "y"}, ["--tls-cert", "a.pem", "--tls-key", "b.pem"], "a.pem"),
         ({}, ["--max-packet-size", "10"], "--max-packet-size"),
+        ({}, ["--max-registrations", "0"], "--max-registrations must be at least 1"),
         ({}, ["--external", "mqtt://127.0.0.1:1", "--authz", "r.json"], "--authz"),
     ],
 )

@@ -16,14 +16,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.emulator import persistence
-from agent.emulator.persistence import (
+from agent.emulator.log_records import (
     StoredEntry,
-    StoreJournal,
     encode_clock,
     encode_delete,
     encode_set,
     replay,
 )
+from agent.emulator.persistence import StoreJournal
 from agent.emulator.store import StateStore
 from agent.protocol.hlc import Hlc
 from agent.protocol.resp3 import decode_response, encode_request
@@ -255,7 +255,9 @@ def test_a_full_disk_refuses_writes_and_loses_nothing_acknowledged(tmp_path: Pat
                 if len(refused) == 20:
                     break
         assert len(refused) == 20, "writes went on being acknowledged on a full disk"
-        assert client.request("DEL", "before-0").payload == DISK_ERROR
+        # A delete makes room: it is kept while SETs are refused.
+        assert client.request("DEL", "before-0").payload == b":1\r\n"
+        del acknowledged["before-0"]
         _limit_file_size(process.proc.pid, None)  # space is freed: it writes again
         deadline = time.monotonic() + 10
         while client.request("SET", "after", "1").payload != b"+OK\r\n":
@@ -272,7 +274,7 @@ def test_a_full_disk_refuses_writes_and_loses_nothing_acknowledged(tmp_path: Pat
         for key, value in acknowledged.items():
             expected = f"${len(value)}\r\n{value}\r\n".encode()
             assert client.request("GET", key).payload == expected, key
-        for key in [*refused, "before-1"]:
+        for key in [*refused, "before-0", "before-1"]:
             assert client.request("GET", key).payload == b"$-1\r\n", key
     finally:
         client.close()
@@ -354,3 +356,37 @@ def test_a_compaction_keeps_the_change_that_started_it(tmp_path: Path) -> None:
     again = Service(tmp_path, clocks)
     assert again.request("GET", "big")[0] is None
     again.stop()
+
+
+def test_a_damaged_log_is_repaired_keeping_the_records_before_and_after_the_damage(
+    tmp_path: Path,
+) -> None:
+    """Was: the refusal's only way on was "move it aside", which drops every key."""
+    log = tmp_path / persistence.LOG_NAME
+    whole = _log_of(tmp_path, 1000)
+    at = len(whole) // 2
+    damaged = whole[:at] + bytes([whole[at] ^ 0x10]) + whole[at + 1 :]
+    log.write_bytes(damaged)
+    refused = _emulator_on(tmp_path)
+    assert refused.returncode == 78, refused
+    command = f"agent emulator repair --data-dir {tmp_path}"
+    assert command in refused.stderr, refused.stderr
+    repaired = subprocess.run(
+        [sys.executable, "-m", "agent", *command.split()[1:]],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert repaired.returncode == 0, repaired
+    assert "999 keys" in repaired.stdout and "dropped" in repaired.stdout, repaired.stdout
+    assert (tmp_path / "store.log.damaged").read_bytes() == damaged  # kept beside it
+    process, port = started("--data-dir", str(tmp_path))
+    client = PahoStoreClient("127.0.0.1", port, "reader")
+    try:
+        held = [
+            client.request("GET", f"key-{index:04}").payload != b"$-1\r\n" for index in range(1000)
+        ]
+    finally:
+        client.close()
+        assert process.stop() == 0
+    assert sum(held) == 999 and held[0] and held[-1]  # one record lost, at the damage

@@ -14,6 +14,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from agent.emulator import mqtt_packets as mp
+from agent.emulator.limits import StoreLimits
+from agent.emulator.store import (
+    KEY_TOO_LONG,
+    REGISTRATIONS_TOO_LARGE,
+    TOO_MANY_REGISTRATIONS,
+    StateStore,
+)
 from agent.protocol import errors, topics
 from agent.protocol.resp3 import encode_request
 from tests.emulator.conftest import TIMEOUT, EmulatorThread
@@ -50,7 +57,7 @@ def test_registrations_count_against_the_quota(
     assert first.request("KEYNOTIFY", "a").payload == OK
     assert first.request("SET", "b", "v").payload == OK
     assert first.request("KEYNOTIFY", "c").payload == QUOTA_EXCEEDED
-    assert second.request("KEYNOTIFY", "c" * (4 * MIB)).payload == QUOTA_EXCEEDED
+    assert second.request("KEYNOTIFY", "c" * 1000).payload == QUOTA_EXCEEDED
     assert first.request("SET", "c", "v").payload == QUOTA_EXCEEDED
     # What the store holds already costs nothing more: a key registered, a registration set.
     assert second.request("KEYNOTIFY", "a").payload == OK
@@ -63,6 +70,52 @@ def test_registrations_count_against_the_quota(
     assert first.request("KEYNOTIFY", "c").payload == QUOTA_EXCEEDED  # second still has a
     assert second.request("KEYNOTIFY", "a", "STOP").payload == OK
     assert first.request("KEYNOTIFY", "c").payload == OK
+
+
+def refusal(text: str) -> bytes:
+    return f"-ERR {text}\r\n".encode()
+
+
+def test_registrations_are_bounded_per_client_by_default() -> None:
+    """Was: without --quota, 10,000 registrations from one client were all accepted."""
+    store = StateStore(lambda: time.time_ns() // 1_000_000, lambda: 0)
+    now = now_ts()
+
+    def keynotify(client: str, key: bytes) -> bytes:
+        return store.handle(client, encode_request([b"KEYNOTIFY", key]), now).reply.payload
+
+    limits = StoreLimits()
+    for index in range(limits.max_registrations):
+        assert keynotify("many", b"key-%d" % index) == OK
+    assert keynotify("many", b"one-more") == refusal(TOO_MANY_REGISTRATIONS)
+    assert keynotify("other", b"one-more") == OK  # per client
+    for index in range(limits.max_registration_bytes // limits.max_key_size):
+        assert keynotify("big", b"n" * (limits.max_key_size - 2) + b"%02d" % index) == OK
+    assert keynotify("big", b"x" * 100) == refusal(REGISTRATIONS_TOO_LARGE)
+
+
+def test_registration_bounds_over_mqtt(
+    emulator_factory: EmulatorFactory, store_clients: Callable[..., PahoStoreClient]
+) -> None:
+    """Was: 40 registrations on 4 MiB key names added 172 MiB, no key ever set."""
+    server = emulator_factory(
+        store_limits=StoreLimits(max_registrations=3, max_registration_bytes=2000)
+    )
+    first, second = store_clients(server.port, "first"), store_clients(server.port, "second")
+    assert second.request("KEYNOTIFY", "c" * (4 * MIB)).payload == refusal(KEY_TOO_LONG)
+    assert second.request("SET", "c" * (4 * MIB), "v").payload == refusal(KEY_TOO_LONG)
+    for name in ("a", "b", "c"):
+        assert first.request("KEYNOTIFY", name).payload == OK
+    assert first.request("KEYNOTIFY", "a").payload == OK  # again: no new registration
+    assert first.request("KEYNOTIFY", "d").payload == refusal(TOO_MANY_REGISTRATIONS)
+    assert second.request("KEYNOTIFY", "d").payload == OK  # the bound is per client
+    assert first.request("KEYNOTIFY", "a", "STOP").payload == OK
+    assert first.request("KEYNOTIFY", "d").payload == OK  # a STOP makes room
+    assert second.request("KEYNOTIFY", "e" * 1500).payload == OK
+    assert second.request("KEYNOTIFY", "f" * 500).payload == refusal(REGISTRATIONS_TOO_LARGE)
+    second.close()  # a client gone frees what it held
+    third = store_clients(server.port, "second")
+    assert third.request("KEYNOTIFY", "f" * 1999).payload == OK
 
 
 def _silent_watcher(port: int, client_id: str, key: bytes) -> socket.socket:

@@ -362,3 +362,54 @@ def test_queued_reads_let_a_due_poll_take_its_turn() -> None:
     last_read = max(i for i, kind in enumerate(kinds) if kind is Kind.READ)
     assert kinds[: last_read + 1].count(Kind.READ) == 9
     assert 1 <= kinds[:last_read].count(Kind.POLL) <= 1 + 9 // URGENT_BEFORE_ROUTINE
+
+
+# ------------------------------------------------------------------ misbehaving devices
+
+POLL_S = 0.03
+
+
+def test_a_unit_that_timed_out_is_not_polled_into_a_waiting_writes_turn() -> None:
+    """A timeout holds the line for the reply timeout and the wait for the late reply: that
+    is what the unit's next poll may cost, and it does not start when a write would wait
+    for it."""
+    s = schedule(poll_s=POLL_S, poll_interval_s=0.1, quarantine_after=5)
+    s.finished(Op("t2", Kind.POLL), Outcome.TIMEOUT, 0.0, 1.0)
+    s.finished(Op("t1", Kind.WRITE, 21.0), Outcome.OK, 0.0, POLL_S)
+    write = Op("t1", Kind.WRITE, 22.0)
+    s.submit(write)  # due at 1.0, t1's least write interval after its last
+    now, started = 0.5, []
+    while (op := s.next(now)) is not write:
+        if isinstance(op, float):
+            now = max(op, now + 0.001)
+            continue
+        started.append((now, op.device))
+        took = 1.0 if op.device == "t2" else POLL_S
+        now += took
+        s.finished(op, Outcome.TIMEOUT if op.device == "t2" else Outcome.OK, now, took)
+    assert now <= 1.0 + POLL_S
+    assert all(device != "t2" for _, device in started), started
+
+
+@given(st.floats(0.0, 30.0), st.floats(0.2, 2.0), st.floats(0.001, 0.05))
+def test_cycles_start_no_closer_than_the_poll_interval(
+    late_s: float, interval_s: float, answer_s: float
+) -> None:
+    """Whenever the first cycle starts (a start-up, a takeover), cycles begin at least one
+    interval apart: a late start is no backlog to catch up on back to back."""
+    s = BusSchedule(DEVICES, poll_interval_s=interval_s, now=0.0)
+    now, starts = late_s, []
+    while now < late_s + 10 * interval_s:
+        op = s.next(now)
+        if isinstance(op, float):
+            now = max(now, op)
+            continue
+        if op.device == DEVICES[0]:
+            starts.append(now)
+        now += answer_s
+        s.finished(op, Outcome.OK, now)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(starts) >= 5
+    assert all(gap >= interval_s - 1e-9 for gap in gaps), gaps
+    # And no more than the interval apart when the line is faster than it.
+    assert all(gap <= interval_s + len(DEVICES) * answer_s + 1e-9 for gap in gaps), gaps

@@ -6,18 +6,15 @@ from pathlib import Path
 import pytest
 
 from tests.ops.support import Topics
-from tests.support.rig import LineRig
+from tests.support.rig import LineRig, line_rig
 
 UNITS = 4
 
 
 @pytest.fixture
 def line(tmp_path: Path) -> Iterator[LineRig]:
-    rig = LineRig(tmp_path, UNITS)
-    try:
+    with line_rig(tmp_path, UNITS) as rig:
         yield rig
-    finally:
-        rig.close()
 
 
 @pytest.fixture

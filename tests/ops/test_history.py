@@ -28,6 +28,7 @@ from agent.ops.history import (
     encode,
     parse,
 )
+from agent.ops.history_cli import show
 from agent.protocol.hlc import Hlc
 from agent.runtime.line_history import LineHistory, takeover
 from tests.ops.support import Topics, command, report, wait_pair
@@ -41,6 +42,22 @@ def entry(n: int, why: str = "because") -> Entry:
 
 
 # --------------------------------------------------------------------------- the codec
+
+
+def test_the_table_states_its_zone_and_wraps_the_why_under_its_column() -> None:
+    why = (
+        "requested by alice@gw1 at 2027-01-15T08:00:01.250Z: the panel of floor3-t07 "
+        "is replaced, and the technician needs the bus for about twenty minutes"
+    )
+    shown = show(LINE, [entry(2, why)], width=80).splitlines()
+    assert shown[1].startswith("Time (UTC)")
+    assert shown[2].startswith("2027-01-15 08:00:02  takeover  gw2")
+    assert "2027-01-15 08:00:01:" in "\n".join(shown)  # the why's time as the table's, whole
+    assert max(len(line) for line in shown) <= 80 and len(shown) > 3
+    column = shown[1].index("Why")
+    assert all(line[:column].isspace() for line in shown[3:])
+    words = " ".join(line[column:] for line in shown[2:]).split()
+    assert words == why.replace("T08:00:01.250Z", " 08:00:01").split()  # no word broken
 
 
 def test_entries_round_trip_oldest_first() -> None:
@@ -155,8 +172,10 @@ def test_history_tells_takeovers_switchovers_and_pauses_with_why(
     table = command(line, "history", LINE, "--last", "2")
     assert table.returncode == 0, table.stderr
     rows = table.stdout.splitlines()
-    assert rows[0] == f"Line {LINE}:" and rows[1].split() == ["Time", "Event", "From", "To", "Why"]
-    assert len(rows) == 4 and " resume " in rows[2] and " takeover " in rows[3]
+    headers = ["Time", "(UTC)", "Event", "From", "To", "Why"]
+    assert rows[0] == f"Line {LINE}:" and rows[1].split() == headers
+    entries_shown = [r for r in rows[2:] if not r.startswith(" ")]  # a long why wraps
+    assert len(entries_shown) == 2 and " resume " in rows[2] and " takeover " in rows[3]
 
 
 def test_history_of_nothing_and_of_garbage(line: LineRig) -> None:
@@ -203,12 +222,14 @@ async def test_the_instance_records_what_it_did_fenced_and_best_effort(
     settings = AgentSettings(
         line_id="floor3", devices="t01@1", instance_id="b", serial={"url": "socket://x:1"}
     )
+    leased = True
     history = LineHistory(
         settings,
         "0a1b",
         lambda: store,  # type: ignore[arg-type,return-value]
         lambda: None,
         lambda work: tasks.append(asyncio.ensure_future(work)) or tasks[-1],
+        lambda: leased,
     )
 
     async def settled() -> list[tuple[str, str, str]]:
@@ -219,20 +240,29 @@ async def test_the_instance_records_what_it_did_fenced_and_best_effort(
     history.saw_lock(KeyChange(b"floor3\\lock", "SET", b"a#ffff", Hlc(900, 0, "s")))
     history.took_over(first)
     history.paused(later, PauseNote("ops@x", "", "rewiring"))
-    history.stepped_down("local lease deadline passed")  # fenced with the newest token used
+    assert await settled() == [("takeover", "a", "b"), ("pause", "b", "")]
+    leased = False
+    history.stepped_down("local lease deadline passed")  # its lease is over: not written
+    assert len(await settled()) == 2
+    leased = True
+    history.took_over(Hlc(3000, 0, "s"))  # under the next lease, ahead of its takeover
     assert await settled() == [
         ("takeover", "a", "b"),
         ("pause", "b", ""),
         ("step-down", "b", ""),
+        ("takeover", "", "b"),
     ]
     history.handing_over()  # a switchover: the next active records it, not this step-down
     history.stepped_down("switchover to a requested by ops@x")
     history.resumed(None)  # not active: nothing to fence with, nothing recorded
-    assert len(await settled()) == 3
+    leased = False
+    history.resumed(Hlc(3001, 0, "s"))  # the lease ended before the write: not recorded
+    assert len(await settled()) == 4
+    leased = True
 
     store.token = Hlc(9000, 0, "s")  # a newer active wrote since: this one's record is refused
     history.paused(later, PauseNote("ops@x", "", "again"))
-    assert len(await settled()) == 3
+    assert len(await settled()) == 4
     store.fail = RequestTimeout("no answer within 2 s")
     with caplog.at_level(logging.DEBUG, logger="agent"):
         history.paused(Hlc(9999, 0, "s"), PauseNote("", "", ""))

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config.health import HealthSettings
-from agent.runtime.health_http import HealthEndpoint, UnusableSetting, open_endpoint
+from agent.runtime.health_http import HealthEndpoint, start_endpoint
 from tests.ops.test_health import ENDPOINT, get
 from tests.support.rig import STANDBY, LineRig
 
@@ -160,7 +160,7 @@ async def test_the_default_port_taken_is_said_and_the_agent_runs_without_the_end
         port = taken.getsockname()[1]
         # As if it were the default: not set by the operator.
         default = HealthSettings.model_construct(port=port, _fields_set=set())
-        assert await open_endpoint(default, answer, None) is None
+        assert await start_endpoint(default, answer, bytes) == (None, True)
         assert f"default port 127.0.0.1:{port} is taken" in caplog.text
-        with pytest.raises(UnusableSetting, match="invalid setting AGENT_HEALTH__PORT"):
-            await open_endpoint(HealthSettings(port=port), answer, None)
+        assert await start_endpoint(HealthSettings(port=port), answer, bytes) == (None, False)
+        assert "invalid setting AGENT_HEALTH__PORT (health.port)" in caplog.text

@@ -34,6 +34,19 @@ def test_a_value_is_written_and_waited_for(rig: Rig) -> None:
     assert got.stdout.strip() == "22.5"
 
 
+def test_a_value_off_the_units_step_says_what_the_unit_will_hold(rig: Rig) -> None:
+    rig.start_active("a")
+    done = command(rig, "setpoint", "set", DEVICE, "22.3", "--wait", "10")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        f"agent setpoint: {DEVICE} will hold 22.5, not 22.3: the unit's setPoint goes in "
+        "steps of 0.5 from 5\n"
+    )
+    rig.wait_device(lambda d: d.setpoint == 22.5)
+    on_step = command(rig, "setpoint", "set", DEVICE, "21.5")
+    assert (on_step.returncode, on_step.stderr) == (0, "")
+
+
 def test_a_value_above_the_limit_is_refused_with_why(rig: Rig) -> None:
     rig.start_active("a")
     refused = command(rig, "setpoint", "set", DEVICE, "99", "--wait", "10")
@@ -62,3 +75,7 @@ def test_a_refusal_of_the_unit_is_recorded_and_the_store_restored(rig: Rig) -> N
     assert refused["point"] == "setPoint" and refused["value"] == "4.0"
     assert refused["reason"] == "4 is below the limit 5"
     assert rig.device_writes() == []
+    # Once the point has synced since, the refusal is past: status no longer shows it.
+    assert rig.remote_set(b"22.5") == b"+OK\r\n"
+    rig.wait_device(lambda d: d.setpoint == 22.5)
+    rig.wait_key(RECORD_KEY, lambda held: held is not None and b"refused" not in held)

@@ -65,7 +65,7 @@ def test_status_shows_who_holds_the_lock_the_standby_and_every_device(
 
 @pytest.mark.slow  # 11 s of faults of the pair: with the slow suite
 def test_exit_codes_a_script_can_use(line: LineRig, topics: Topics) -> None:
-    code, document = status(line, "nowhere")
+    code, document = status(line, "nowhere", "--force")
     assert code == 1 and document["lines"][0]["verdict"] == "no agent has reported"
 
     active, _ = line.start_active("a", AGENT_SERIAL__PROBE_INTERVAL_S="0.5")

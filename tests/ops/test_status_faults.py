@@ -23,7 +23,7 @@ def status_until(line: Rig, predicate: Any, timeout: float = 15.0) -> dict[str, 
     frozen process goes stale with nothing to wait on but time: the view is asked again)."""
     deadline = time.monotonic() + timeout
     while True:
-        _, document = status(line, LINE)
+        _, document = status(line, LINE, "--force")  # asked before the agents first report
         (report,) = document["lines"]
         if predicate(report):
             return report

@@ -41,6 +41,23 @@ def test_a_typo_pauses_nothing_and_says_what_was_meant(line: LineRig) -> None:
     assert line.store_value(f"{LINE}\\paused") is not None
 
 
+def test_status_of_a_typo_says_what_was_meant_not_an_outage(line: LineRig) -> None:
+    report(line, LINE, "a", line.device_ids)
+    typo = command(line, "status", "flor3")
+    assert typo.returncode == EXIT_UNKNOWN, typo.stdout + typo.stderr
+    assert one_line(typo.stderr) == (
+        "agent status: no agent has reported a line or device named flor3 "
+        "(did you mean floor3?); --force to show it anyway"
+    )
+    assert typo.stdout == ""
+    # A line whose agents have not started yet: shown as it is, nobody active (1).
+    forced = command(line, "status", "flor3", "--force", "--json")
+    assert forced.returncode == 1, forced.stderr
+    # A device reported is its line's.
+    device = command(line, "status", "t02", "--json")
+    assert '"line": "floor3"' in device.stdout, device.stdout
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -49,6 +66,7 @@ def test_a_typo_pauses_nothing_and_says_what_was_meant(line: LineRig) -> None:
         ["switchover", "floor3/"],
         ["setpoint", "set", "t01+", "21"],
         ["setpoint", "get", "#"],
+        ["status", "floor 3"],
     ],
 )
 def test_a_name_the_agent_would_not_take_is_a_usage_error(line: LineRig, args: list[str]) -> None:

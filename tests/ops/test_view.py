@@ -385,3 +385,53 @@ def test_a_long_host_name_is_cut_to_the_width() -> None:
     snapshot.health["gw1"]["host"] = "gw-" + "x" * 120
     lines = fits(view.render(view.assess(snapshot, NOW), rows=22, width=80), 22)
     assert any("…" in line for line in lines)
+
+
+def test_a_refused_reload_is_a_problem_until_one_loads() -> None:
+    snapshot = healthy()
+    snapshot.health["gw2"]["reload_refused"] = "invalid setting AGENT_DEVICES_FILE (x): bad"
+    report = view.assess(snapshot, NOW)
+    assert report.code == 5
+    assert report.problems == [
+        "gw2 refused a reload (a restart would fail the same way): invalid setting "
+        "AGENT_DEVICES_FILE (x): bad"
+    ]
+    snapshot.health["gw2"]["reload_refused"] = None
+    assert view.assess(snapshot, NOW).code == 0
+
+
+def test_a_refusal_shows_its_age_and_counters_that_do_not_fit_get_a_line_of_their_own() -> None:
+    snapshot = healthy()
+    written = Hlc(int((NOW - 180) * 1000), 0, "store")
+    refused = {"point": "setPoint", "value": "99", "reason": "99 is above the limit 35"}
+    errors = {
+        "controller_errors": 1234,
+        "store_errors": 56,
+        "invalid_remote_values": 7,
+        "fenced_writes_rejected": 3,
+        "lock_losses": 2,
+    }
+    snapshot.devices["t01"].status = device_status(
+        "t01", errors=errors, refused={**refused, "version": str(written)}
+    )
+    shown = view.render(view.assess(snapshot, NOW), rows=22, width=80).splitlines()
+    assert max(len(line) for line in shown) <= 80
+    assert " t01: setPoint 99 refused 3 min ago: 99 is above the limit 35" in shown
+    assert " t01 errors: controller 1234, store 56, invalid 7, fenced 3, lock losses 2" in shown
+    # Counters that fit their cell are not said twice.
+    assert not [line for line in shown if line.startswith(" t02 errors")]
+
+
+def test_humidity_is_shown_beside_the_temperature_where_a_unit_reads_it() -> None:
+    snapshot = healthy()
+    assert "RH %" not in view.render(view.assess(snapshot, NOW))  # no unit reads it
+    snapshot.devices["t01"].status["points"] = {"humidity": 45.5, "mode": "heat"}
+    text = view.render(view.assess(snapshot, NOW))
+    assert "| Device | Store | Unit | Temp  | RH % | In sync |" in text
+    assert "| t01    | 21.5  | 21.5 | 20.25 | 45.5 | yes     |" in text
+    assert view.assess(snapshot, NOW).devices[0].humidity == 45.5
+    # A line of 32 whole thermostats still fits the terminal.
+    many = line_of(32)
+    for device in many.devices.values():
+        device.status["points"] = {"humidity": 61.0}
+    fits(view.render(view.assess(many, NOW), rows=24, width=80), 24)

@@ -14,6 +14,7 @@ from agent.simulator.core import (
     Faults,
     append_bounded,
     line_time_s,
+    parse_panel_command,
     parse_text_request,
 )
 
@@ -100,6 +101,8 @@ def test_a_point_to_point_device_ignores_addressed_requests() -> None:
         ("STRAY", 1, Faults(stray=1)),
         ("BADSUM", 2, Faults(bad_checksum=2)),
         ("NOSUM", 4, Faults(no_checksum=4)),
+        ("LATE", 300, Faults(late_s=0.3)),
+        ("ASADDRESS", 7, Faults(as_address=7)),
     ],
 )
 def test_faults_set(kind: str, amount: float, expected: Faults) -> None:
@@ -113,6 +116,20 @@ def test_faults_set(kind: str, amount: float, expected: Faults) -> None:
 def test_unknown_fault() -> None:
     with pytest.raises(ValueError, match="FIRE"):
         Faults().set("FIRE", 1, now=0.0)
+
+
+@pytest.mark.parametrize("words", ["FAULT ASADDRESS 0", "FAULT ASADDRESS 248", "FAULT LATE -1"])
+def test_a_fault_with_a_bad_amount_is_a_syntax_error(words: str) -> None:
+    with pytest.raises(lp.RequestError):
+        parse_panel_command(words)
+
+
+def test_a_unit_at_the_wrong_address_answers_as_that_one() -> None:
+    reply = Faults(as_address=5).mangle(line("@2 SP 20.0"))
+    assert reply == line("@5 SP 20.0")
+    assert Faults(as_address=5).mangle(line("@2 SP 20.0", checksum=False)) == line(
+        "@5 SP 20.0", checksum=False
+    )
 
 
 def test_unplugged_and_silent_end_in_time() -> None:

@@ -185,3 +185,10 @@ def test_damage_breaks_the_crc() -> None:
         RTU_DAMAGE.no_checksum(reply),
     ):
         assert crc16(damaged) != 0
+
+
+def test_a_reply_from_the_wrong_unit_id_has_a_good_crc() -> None:
+    reply = with_crc(bytes((2, 3, 4, 0, 200, 0, 180)))
+    moved = RTU_DAMAGE.readdress(reply, 9)
+    assert moved[0] == 9 and moved[1:-2] == reply[1:-2]
+    assert crc16(moved) == 0

@@ -14,8 +14,10 @@ Checks:
 1. One master on the line: no two connections drive it at once (their spans of requests
    never overlap, and the fake saw no collision).
 2. The newest token: no write an agent got accepted carries a token older than a lock
-   version the store gave another holder before it (the line's history, where an instance
-   records its own step-down with the lease just lost: no record older than one before it).
+   version the store gave another holder before it, the line's history included (the
+   agents record nothing after their lease). A history key may be named to check it by a
+   looser rule (no record older than one before it), for agents that recorded their
+   step-down with the lease just lost.
 3. No lost change, point by point (the set point, and on a whole thermostat each point the
    agent writes, in its own key): a panel change is never written over at the controller
    before it was published; an agent publishes only what a panel change made (the newest,

@@ -192,7 +192,6 @@ class World:
             {n: device_id(n) for n in self.slots},
             self.lock_key.encode(),
             points=self.kept,
-            history_key=f"{self.line_id}\\history".encode(),
         )
         self.store_up = False
         self.store = self._start_store(keep=True)
@@ -309,13 +308,19 @@ class World:
             )
         return env
 
-    def start_agent(self, name: str) -> Agent:
-        """Starts instance `name` (again), with a fault proxy of its own and its own port
-        on the line (the same port as before, when it restarts)."""
+    def start_agent(
+        self, name: str, *, link_delay_s: float = 0.0, env: dict[str, str] | None = None
+    ) -> Agent:
+        """Starts instance `name` (again), with a fault proxy of its own (delayed
+        `link_delay_s` each way from the first byte) and its own port on the line (the same
+        port as before, when it restarts); `env` adds to its settings."""
         proxy = FaultProxy(("127.0.0.1", self.port))
         self.background.run(proxy.start())
+        if link_delay_s:
+            self.background.call(lambda: proxy.delay(link_delay_s))
         url = self.background.run(self.line.open_port(name))
-        process = AgentProcess([], env=self.agent_env(name, url, proxy.port), merge_stderr=True)
+        settings = self.agent_env(name, url, proxy.port) | (env or {})
+        process = AgentProcess([], env=settings, merge_stderr=True)
         agent = Agent(name, process, proxy)
         with self._roles:
             old = self.agents.get(name)

@@ -125,6 +125,9 @@ class AgentProcess:
         """Asks it to stop (SIGTERM), without waiting: see reap, and stop_all."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+            # One a test paused (SIGSTOP) handles it once it runs again, not after the
+            # timeout's kill.
+            self.proc.send_signal(signal.SIGCONT)
 
     def reap(self, timeout: float = 10.0) -> int:
         """Waits for it to stop (killed after `timeout`), and closes its pipes."""

@@ -10,7 +10,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -70,6 +70,7 @@ class Rig:
         self.background = BackgroundLoop()
         self.port = free_port()
         self.store_events: list[StoreEvent] = []
+        self._store_changed = threading.Condition()
         self._awaited_reads: dict[tuple[str, bytes], threading.Event] = {}
         """Every write the store handled, by its own record (for the wire check)."""
         self.store = self._make_store()
@@ -84,8 +85,30 @@ class Rig:
 
     def _make_store(self) -> EmbeddedStateStore:
         store = EmbeddedStateStore("127.0.0.1", self.port)
-        watch_writes(store.store, self.store_events.append, self._read)
+        watch_writes(store.store, self._record, self._read)
         return store
+
+    def _record(self, event: StoreEvent) -> None:
+        with self._store_changed:
+            self.store_events.append(event)
+            self._store_changed.notify_all()
+
+    def wait_store_event(
+        self, predicate: Callable[[StoreEvent], bool], timeout: float = 10.0
+    ) -> StoreEvent:
+        """The first write the store handled (so far, or to come) that `predicate` likes."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._store_changed:
+            while True:
+                for event in self.store_events[seen:]:
+                    if predicate(event):
+                        return event
+                seen = len(self.store_events)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"no such write in the store within {timeout} s")
+                self._store_changed.wait(remaining)
 
     def _read(self, client: str, key: bytes) -> None:
         for (instance, wanted), event in list(self._awaited_reads.items()):
@@ -129,10 +152,13 @@ class Rig:
         env.update(extra)
         return env
 
-    def start_agent(self, instance: str, *, via_proxy: bool = False, **extra: str) -> AgentProcess:
+    def start_agent(
+        self, instance: str, *, via_proxy: bool = False, link_delay_s: float = 0.0, **extra: str
+    ) -> AgentProcess:
         """An agent process; `via_proxy`: its link to the broker goes through a fault proxy
-        of its own (rig.proxies[instance]). It reaches the line through a port of its own,
-        so that the line's records say which instance sent what (see wire_violations)."""
+        of its own (rig.proxies[instance]), delayed `link_delay_s` each way from the first
+        byte. It reaches the line through a port of its own, so that the line's records say
+        which instance sent what (see wire_violations)."""
         env = self.env(instance, **extra)
         if "AGENT_SERIAL__URL" not in extra:
             env["AGENT_SERIAL__URL"] = self.background.run(self.device.open_port(instance))
@@ -141,6 +167,8 @@ class Rig:
 
             proxy = FaultProxy(("127.0.0.1", self.port))
             self.background.run(proxy.start())
+            if link_delay_s:
+                self.background.call(lambda: proxy.delay(link_delay_s))
             self.proxies[instance] = proxy
             env["AGENT_MQTT__PORT"] = str(proxy.port)
         process = AgentProcess([], env=env, merge_stderr=True)
@@ -404,3 +432,13 @@ class LineRig(Rig):
 
     def writes(self, address: int) -> list[float]:
         return self.background.call(lambda: [w.value for w in self.unit(address).writes])
+
+
+@contextlib.contextmanager
+def line_rig(tmp_path: Path, units: int, **options: Any) -> Iterator[LineRig]:
+    """A LineRig of `units` thermostats, closed at the end (for a test module's fixture)."""
+    rig = LineRig(tmp_path, units, **options)
+    try:
+        yield rig
+    finally:
+        rig.close()

@@ -1,0 +1,29 @@
+"""The order a heating and a cooling set point changed together go to the unit in."""
+
+from __future__ import annotations
+
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from agent.controller.points import check_deadband
+from agent.sync.setpoint_pair import COOL, HEAT, first_to_write
+
+halves = st.integers(10, 70).map(lambda n: n / 2)
+deadbands = st.sampled_from([0.5, 1.0, 2.0])
+
+
+@given(halves, halves, halves, halves, deadbands)
+def test_the_unit_keeps_the_deadband_after_each_write(
+    heat0: float, cool0: float, heat: float, cool: float, least: float
+) -> None:
+    assume(check_deadband(heat0, cool0, least) is None)
+    assume(check_deadband(heat, cool, least) is None)
+    first = first_to_write(heat0, cool, least)
+    between = (heat0, cool) if first == COOL else (heat, cool0)
+    assert check_deadband(*between, least) is None, (first, between)
+
+
+def test_raising_writes_cool_first_and_lowering_heat_first() -> None:
+    assert first_to_write(20.0, 27.0, 1.0) == COOL
+    assert first_to_write(20.0, 19.5, 1.0) == HEAT
+    assert first_to_write(None, 19.5, 1.0) == COOL  # nothing read: as it comes
