@@ -551,15 +551,24 @@ def _errors(device: DeviceRow) -> str:
     return ", ".join(f"{ERROR_NAMES.get(k, k)} {v}" for k, v in device.errors.items())
 
 
-def _device_headers(devices: list[DeviceRow]) -> list[str]:
+def _device_headers(devices: list[DeviceRow], width: int | None = None) -> list[str]:
+    """The columns: humidity beside the temperature where a unit reads it and the table still
+    fits `width` with it."""
     if not any(d.humidity is not None for d in devices):
         return DEVICE_HEADERS
     at = DEVICE_HEADERS.index("Temp") + 1
-    return [*DEVICE_HEADERS[:at], HUMIDITY_HEADER, *DEVICE_HEADERS[at:]]
+    headers = [*DEVICE_HEADERS[:at], HUMIDITY_HEADER, *DEVICE_HEADERS[at:]]
+    if width is not None:
+        rows = _device_rows(devices, headers)
+        used = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+        used[-1] = len(headers[-1])  # the last column is cut to fit, down to its header
+        if sum(used) + 3 * len(headers) + 1 > width:
+            return DEVICE_HEADERS
+    return headers
 
 
-def _device_rows(devices: list[DeviceRow]) -> list[list[str]]:
-    humid = HUMIDITY_HEADER in _device_headers(devices)
+def _device_rows(devices: list[DeviceRow], headers: list[str]) -> list[list[str]]:
+    humid = HUMIDITY_HEADER in headers
     return [
         [
             d.device,
@@ -579,7 +588,8 @@ def _last_column(devices: list[DeviceRow], width: int | None) -> int | None:
     """How wide the devices table's last column can be in `width` (None: any width)."""
     if width is None:
         return None
-    rows, headers = _device_rows(devices), _device_headers(devices)
+    headers = _device_headers(devices, width)
+    rows = _device_rows(devices, headers)
     used = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers[:-1])]
     return width - sum(used) - 3 * len(headers) - 1
 
@@ -595,7 +605,8 @@ def _device_notes(device: DeviceRow, room: int | None) -> list[str]:
 
 
 def _device_table(report: Report, devices: list[DeviceRow], width: int | None) -> list[str]:
-    headers, rows = _device_headers(devices), _device_rows(devices)
+    headers = _device_headers(devices, width)
+    rows = _device_rows(devices, headers)
     lines = table(f"Devices of {report.line}", headers, rows, width=width)
     room = _last_column(devices, width)
     notes = [note for d in devices for note in _device_notes(d, room)]

@@ -24,8 +24,10 @@ from prometheus_client.registry import Collector
 
 from agent.client.session import Session
 from agent.client.statestore import REQUEST_BOUNDS_S, StateStoreClient
+from agent.config import AgentSettings, Line
 from agent.line.bus import TRANSACTION_BOUNDS_S, Bus
 from agent.pair.leadership import Leadership, Role
+from agent.runtime.control import LineControl
 from agent.runtime.driving import ActiveLine
 from agent.sync.device import DeviceSync
 from agent.sync.status import READ_BACK_BOUNDS_S
@@ -41,12 +43,11 @@ class Source(Protocol):
     def role(self) -> Role: ...
     @property
     def bus(self) -> Bus | None: ...
-    @property
-    def paused(self) -> bool: ...
-    def names(self) -> tuple[str, str]:
-        """The line's id and the instance's, as they are now (a reload may rename)."""
-        ...
 
+    settings: AgentSettings
+    line: Line
+    """The line as it runs now (a reload may change it)."""
+    control: LineControl | None
     leadership: Leadership | None
     active_line: ActiveLine | None
     devices: dict[str, DeviceSync]
@@ -110,7 +111,7 @@ class AgentCollector(Collector):
         self.agent = agent
 
     def collect(self) -> Iterator[Metric]:
-        families = _Families(*self.agent.names())
+        families = _Families(self.agent.line.id, self.agent.settings.instance_id)
         self._pair(families)
         self._line(families)
         self._devices(families)
@@ -127,7 +128,7 @@ class AgentCollector(Collector):
         f.one(f.gauge("agent_standby", "1 while this instance is a standby."),
               int(role is Role.STANDBY))  # fmt: skip
         f.one(f.gauge("agent_paused", "1 while the line is paused (closed, lock kept)."),
-              int(agent.paused))  # fmt: skip
+              int(agent.control is not None and agent.control.paused))  # fmt: skip
         unheld = f.gauge(
             "agent_lock_unheld", "1 while, as this instance sees it, nobody holds the lock."
         )

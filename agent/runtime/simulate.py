@@ -54,7 +54,12 @@ async def simulate(
         settings = settings.model_copy(update={"health": health})
     instances = [settings]
     if pair:
-        other = settings.model_copy(update={"instance_id": settings.instance_id + "-standby"})
+        # Its own health endpoint, on any free port (logged): the first has the configured one.
+        port = None if settings.health.port is None else 0
+        endpoint = settings.health.model_copy(update={"port": port})
+        other = settings.model_copy(
+            update={"instance_id": settings.instance_id + "-standby", "health": endpoint}
+        )
         instances.append(other)
 
     hints = simulation_hints(settings, device, embedded=emulator is not None)

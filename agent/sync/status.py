@@ -11,8 +11,8 @@ from agent.sync.decisions import Synced
 from agent.tally import Tally
 
 # A write of a point, as counted: where the value came from (a remote change to the
-# controller, a panel change to the store, the unit's value back to the store after a
-# refusal) and how it ended.
+# controller; the unit's value to the store: a panel change, a rounded value; the unit's
+# value back to the store after a refusal) and how it ended.
 REMOTE, PANEL, RESTORE = "remote", "panel", "restore"
 APPLIED, REFUSED, NOT_CONFIRMED, NOT_SENT = "applied", "refused", "not_confirmed", "not_sent"
 READ_BACK_BOUNDS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

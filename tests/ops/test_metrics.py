@@ -160,7 +160,7 @@ async def test_the_default_port_taken_is_said_and_the_agent_runs_without_the_end
         port = taken.getsockname()[1]
         # As if it were the default: not set by the operator.
         default = HealthSettings.model_construct(port=port, _fields_set=set())
-        assert await open_endpoint(default, answer, None) is None
+        assert await open_endpoint(default, answer, bytes) is None
         assert f"default port 127.0.0.1:{port} is taken" in caplog.text
-        with pytest.raises(UnusableSetting, match="invalid setting AGENT_HEALTH__PORT"):
-            await open_endpoint(HealthSettings(port=port), answer, None)
+        with pytest.raises(UnusableSetting, match=r"invalid setting AGENT_HEALTH__PORT \(health"):
+            await open_endpoint(HealthSettings(port=port), answer, bytes)

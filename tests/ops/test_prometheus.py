@@ -127,7 +127,8 @@ def test_prometheus_scraping_a_pair_answers_what_operators_ask(
 
     who = f'agent_active{{line="{LINE}"}} == 1'
     assert instances(prometheus.until(who, lambda r: len(r) == 1)) == ["a"]
-    standing_by = prometheus.query(f'agent_standby{{line="{LINE}"}} == 1')
+    # Each target is scraped at its own offset in the interval: b's first scrape may come later.
+    standing_by = prometheus.until(f'agent_standby{{line="{LINE}"}} == 1', lambda r: len(r) == 1)
     assert instances(standing_by) == ["b"]
 
     # The active killed: the other is active, and Prometheus says so.

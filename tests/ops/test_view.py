@@ -430,8 +430,9 @@ def test_humidity_is_shown_beside_the_temperature_where_a_unit_reads_it() -> Non
     assert "| Device | Store | Unit | Temp  | RH % | In sync |" in text
     assert "| t01    | 21.5  | 21.5 | 20.25 | 45.5 | yes     |" in text
     assert view.assess(snapshot, NOW).devices[0].humidity == 45.5
-    # A line of 32 whole thermostats still fits the terminal.
+    # Where the column would not fit the terminal, the table goes without it.
     many = line_of(32)
     for device in many.devices.values():
         device.status["points"] = {"humidity": 61.0}
-    fits(view.render(view.assess(many, NOW), rows=24, width=80), 24)
+    assert "RH %" not in "\n".join(fits(view.render(view.assess(many, NOW), rows=24, width=80), 24))
+    assert "RH %" in view.render(view.assess(many, NOW), width=100, every=True)
