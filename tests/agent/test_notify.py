@@ -21,6 +21,7 @@ import pytest
 from agent.config import AgentSettings
 from agent.runtime.agent import Agent
 from agent.runtime.notify import Notifier
+from tests.support.events import first_to_come
 from tests.support.rig import ACTIVE, DEVICE, Rig
 
 # sockaddr_un holds 108 bytes; stay well below.
@@ -96,18 +97,13 @@ class NotifyListener:
         self, predicate: Callable[[Notification], bool], timeout: float = 10.0
     ) -> Notification:
         """The first notification (received so far or later) that satisfies predicate."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            seen = 0
-            while True:
-                for notification in self.received[seen:]:
-                    if predicate(notification):
-                        return notification
-                seen = len(self.received)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"no such notification; received {self.received}")
-                self._changed.wait(remaining)
+        return first_to_come(
+            self._changed,
+            self.received,
+            predicate,
+            timeout,
+            lambda: TimeoutError(f"no such notification; received {self.received}"),
+        )
 
     def close(self) -> None:
         self._closing.set()

@@ -21,6 +21,7 @@ from agent.protocol.resp3 import encode_request
 from agent.simulator.device import FakeDevice
 from agent.simulator.line import FakeLine
 from tests.soak.checker import Checker, LineEvent, StoreEvent
+from tests.support.events import first_to_come
 from tests.support.paho_client import PahoStoreClient
 from tests.support.ports import free_port
 from tests.support.processes import AgentProcess, stop_all
@@ -100,18 +101,13 @@ class Rig:
         self, predicate: Callable[[StoreEvent], bool], timeout: float = 10.0
     ) -> StoreEvent:
         """The first write the store handled (so far, or to come) that `predicate` likes."""
-        deadline = time.monotonic() + timeout
-        seen = 0
-        with self._store_changed:
-            while True:
-                for event in self.store_events[seen:]:
-                    if predicate(event):
-                        return event
-                seen = len(self.store_events)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise AssertionError(f"no such write in the store within {timeout} s")
-                self._store_changed.wait(remaining)
+        return first_to_come(
+            self._store_changed,
+            self.store_events,
+            predicate,
+            timeout,
+            lambda: AssertionError(f"no such write in the store within {timeout} s"),
+        )
 
     def _read(self, client: str, key: bytes) -> None:
         for (instance, wanted), event in list(self._awaited_reads.items()):
