@@ -38,6 +38,7 @@ class Run:
     cpu_s: float
     summary: str
     slowest: list[str]
+    failed: list[str]
     returncode: int
 
 
@@ -58,7 +59,8 @@ def run_suite(name: str, *extra: str) -> Run:
     found = SUMMARY.search(done.stdout)
     summary = found.group(1) if found else done.stdout.strip().splitlines()[-1:][0]
     slowest = re.findall(r"^\s*([\d.]+s (?:call|setup|teardown)\s+\S+)", done.stdout, re.M)
-    return Run(name, wall, cpu, summary, slowest[:10], done.returncode)
+    failed = re.findall(r"^((?:FAILED|ERROR) .*)$", done.stdout, re.M)
+    return Run(name, wall, cpu, summary, slowest[:10], failed, done.returncode)
 
 
 def main() -> int:
@@ -95,6 +97,9 @@ def main() -> int:
         print(f"{run.name:34} {run.wall_s:8.1f} {bound} {run.cpu_s:8.1f}  {run.summary}")
     if not options.no_serial:
         print(f"parallel / serial: {runs[0].wall_s / runs[-1].wall_s:.2f}")
+    for run in runs:
+        for line in run.failed:
+            print(f"{run.name}: {line}")
     for run in runs:
         print(f"\nslowest, {run.name}:")
         for line in run.slowest:
