@@ -590,13 +590,9 @@ class Agent:
     def view(self) -> InstanceView:
         """What health needs of this instance, now."""
         leadership, bus, session = self.leadership, self.bus, self.session
+        token, losses = (leadership.token, leadership.losses) if leadership else (None, 0)
         devices = self._device_views.views(
-            self.devices,
-            self.snapshot,
-            active=self.role is Role.ACTIVE,
-            token=leadership.token if leadership is not None else None,
-            lock_losses=leadership.losses if leadership is not None else 0,
-            bus=bus,
+            self.devices, self.snapshot, self.role is Role.ACTIVE, token, losses, bus
         )
         return InstanceView(
             role=self.role,

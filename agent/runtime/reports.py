@@ -152,7 +152,6 @@ class DeviceViews:
         self,
         devices: Mapping[str, DeviceSync],
         snapshot: Callable[[str], telemetry.Snapshot],
-        *,
         active: bool,
         token: Hlc | None,
         lock_losses: int,
