@@ -105,6 +105,9 @@ class ModbusDriver(Driver):
         self.port = SerialPort(
             url, self.stats, baudrate=baudrate, parity=parity, bytesize=bytesize, stopbits=stopbits
         )
+        self._maps: dict[str, tuple[Unit, RegisterMap, list[tuple[int, int, int]]]] = {}
+        """Each unit's register map and the reads of its state, made once (a poll is the
+        most frequent thing the agent does)."""
         # The end of a frame cut short: the line quiet for 1.5 character times (RTU's
         # inter-character timeout), or a network's hiccup, whichever is longer.
         self.gap_s = max(self.timing.chars_s(2), NETWORK_GAP_S)
@@ -137,6 +140,14 @@ class ModbusDriver(Driver):
             options = dataclasses.replace(options, unit_id=unit.address)
         return options
 
+    def _unit_map(self, unit: Unit) -> tuple[RegisterMap, list[tuple[int, int, int]]]:
+        """The unit's register map and the reads that take its state."""
+        known = self._maps.get(unit.name)
+        if known is None or known[0] is not unit:
+            m = self.register_map(unit)
+            known = self._maps[unit.name] = (unit, m, plan_reads(_state_registers(m)))
+        return known[1], known[2]
+
     def _transact(self, unit: Unit, what: str, request: bytes, gate: Gate) -> list[int] | None:
         """One request and its reply: the registers read, or None for a write's echo."""
         lasts_s = self.transaction_s(len(request), rtu.reply_bytes(request))
@@ -162,7 +173,7 @@ class ModbusDriver(Driver):
         """The registers wanted, by (function, register): read as `reads` (function, first,
         count) plan it, or joined as plan_reads does."""
         values: dict[tuple[int, int], int] = {}
-        unit_id = self.register_map(unit).unit_id
+        unit_id = self._unit_map(unit)[0].unit_id
         plan = plan_reads(wanted) if reads is None else reads
         for index, (function, first, count) in enumerate(plan):
             if index:
@@ -190,16 +201,8 @@ class ModbusDriver(Driver):
         points = _modbus_map(unit)
         if points is not None:
             return self._read_points(unit, points, gate)
-        m = self.register_map(unit)
-        wanted = [
-            (m.read_function, m.setpoint_register),
-            (m.status_function, m.temperature_register),
-        ]
-        if m.output_register is not None:
-            wanted.append((m.status_function, m.output_register))
-        if m.mode_register is not None:
-            wanted.append((m.status_function, m.mode_register))
-        values = self._read_registers(unit, wanted, gate)
+        m, reads = self._unit_map(unit)
+        values = self._read_registers(unit, [], gate, reads)
         output: int | None = None
         if m.output_register is not None:
             output = values[(m.status_function, m.output_register)]
@@ -231,7 +234,7 @@ class ModbusDriver(Driver):
             limits = unit.profile.limits("setPoint")
             assert limits is not None  # a profile's checks say so
             return limits
-        m = self.register_map(unit)
+        m = self._unit_map(unit)[0]
         if m.limits is not None:
             return m.limits
         assert m.min_register is not None and m.max_register is not None
@@ -249,7 +252,7 @@ class ModbusDriver(Driver):
             value = self._read_point(unit, "setPoint", gate)
             assert isinstance(value, float)
             return value
-        m = self.register_map(unit)
+        m = self._unit_map(unit)[0]
         values = self._read_registers(unit, [(m.read_function, m.setpoint_register)], gate)
         return m.decode(values[(m.read_function, m.setpoint_register)])
 
@@ -262,7 +265,7 @@ class ModbusDriver(Driver):
                 raise InvalidSetpoint(value, str(exc)) from exc
             assert isinstance(stored, float)
             return stored
-        m = self.register_map(unit)
+        m = self._unit_map(unit)[0]
         raw = m.encode(value)
         what = f"write of {value} to register {m.setpoint_register}"
         request = rtu.write_request(m.unit_id, m.write_function, m.setpoint_register, raw)
@@ -289,7 +292,7 @@ class ModbusDriver(Driver):
         raw = points.encode(point, value)
         shown = str(value).lower() if isinstance(value, bool) else f"{value}"
         what = f"write of {point} {shown} to register {spec.register}"
-        unit_id = self.register_map(unit).unit_id
+        unit_id = self._unit_map(unit)[0].unit_id
         request = rtu.write_request(unit_id, spec.write_function, spec.register, raw)
         try:
             self._transact(unit, what, request, gate)
@@ -313,6 +316,19 @@ class ModbusDriver(Driver):
             return points.decode(point, registers[key])
         except InvalidValue as exc:
             raise ControllerError(f"{unit.name}: {exc}") from exc
+
+
+def _state_registers(m: RegisterMap) -> list[tuple[int, int]]:
+    """The registers of a unit's state: set point, temperature, output and mode."""
+    wanted = [
+        (m.read_function, m.setpoint_register),
+        (m.status_function, m.temperature_register),
+    ]
+    if m.output_register is not None:
+        wanted.append((m.status_function, m.output_register))
+    if m.mode_register is not None:
+        wanted.append((m.status_function, m.mode_register))
+    return wanted
 
 
 class RtuReplies:

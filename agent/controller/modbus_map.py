@@ -7,6 +7,7 @@ if signed; register numbers are protocol addresses (0-based).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
@@ -129,7 +130,9 @@ class RegisterMap:
         return int(scaled) & 0xFFFF
 
 
+@functools.lru_cache(maxsize=256)
 def _decimal(value: float) -> Decimal:
+    # A register's scale is asked for every value read: made once.
     return Decimal(repr(value))
 
 

@@ -40,7 +40,7 @@ from agent.runtime.metrics import Metrics
 from agent.runtime.notify import Notifier
 from agent.runtime.readiness import Readiness
 from agent.runtime.reloading import ReloadVerdicts, runtime_directory
-from agent.runtime.reports import LineRate, device_snapshot, device_view, line_snapshot
+from agent.runtime.reports import DeviceViews, LineRate, device_snapshot, line_snapshot
 from agent.sync.device import DeviceSync
 
 log = logging.getLogger("agent")
@@ -79,6 +79,7 @@ class Agent:
         self._clock_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
         self._line_rate = LineRate()
+        self._device_views = DeviceViews()
         self._devices_watched = asyncio.Event()
         """Set once every device's keys are watched (or left out): a takeover waits for it."""
         self._lock_absent_at: float | None = None
@@ -589,9 +590,10 @@ class Agent:
     def view(self) -> InstanceView:
         """What health needs of this instance, now."""
         leadership, bus, session = self.leadership, self.bus, self.session
-        devices = {
-            name: device_view(sync, self.snapshot(name)) for name, sync in self.devices.items()
-        }
+        token, losses = (leadership.token, leadership.losses) if leadership else (None, 0)
+        devices = self._device_views.views(
+            self.devices, self.snapshot, self.role is Role.ACTIVE, token, losses, bus
+        )
         return InstanceView(
             role=self.role,
             paused=self.control is not None and self.control.paused,

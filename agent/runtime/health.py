@@ -286,6 +286,9 @@ class Health:
         self._last_instance: tuple[dict[str, Any], float] | None = None
         self._last_device: dict[str, tuple[dict[str, Any], float]] = {}
         self._last_availability: dict[str, bytes] = {}
+        self._last_shown: dict[str, tuple[object, ...]] = {}
+        """What each device's document said last was built from (see _publish_device)."""
+        self._device_health: dict[str, tuple[tuple[object, ...], DeviceHealth]] = {}
         self._last_words: str | None = None
         self._failing_since: tuple[str, float] | None = None
         self._stopped = False
@@ -395,9 +398,16 @@ class Health:
     def devices(self, view: InstanceView) -> list[DeviceHealth]:
         found = []
         for name, device in view.devices.items():
-            answering = device.held and device.snapshot.controller == "ok"
-            value = device.snapshot.setpoint  # the controller's, as last read
-            found.append(DeviceHealth(name, answering, in_sync(self.store_value(device), value)))
+            shown = (device, self._store.get(name))
+            known = self._device_health.get(name)
+            if known is None or known[0] != shown:
+                answering = device.held and device.snapshot.controller == "ok"
+                value = device.snapshot.setpoint  # the controller's, as last read
+                health = DeviceHealth(name, answering, in_sync(self.store_value(device), value))
+                known = self._device_health[name] = (shown, health)
+            found.append(known[1])
+        if len(self._device_health) > len(found):  # a reload removed devices
+            self._device_health = {d.id: self._device_health[d.id] for d in found}
         return found
 
     def words(self, view: InstanceView | None = None) -> str:
@@ -525,15 +535,35 @@ class Health:
             self._last_instance = (key, now)
         if view.role is Role.ACTIVE:
             await asyncio.gather(
-                *(self._publish_device(session, view, d, now) for d in view.devices)
+                *(
+                    self._publish_device(session, view, d, now)
+                    for d in view.devices
+                    if not self._said(view, d, now)
+                )
             )
         else:
             self._last_device.clear()  # a new active says it all again
             self._last_availability.clear()
 
+    def _said(self, view: InstanceView, device: str, now: float) -> bool:
+        """The device's document would be built from what it was built from when last said
+        (the agent hands out the same device view while nothing it shows changed), and its
+        heartbeat is not due: it is not built at all."""
+        last = self._last_device.get(device)
+        return (
+            last is not None
+            and self._last_shown.get(device) == self._shown(view, device)
+            and now - last[1] < self.settings.interval_s
+        )
+
+    def _shown(self, view: InstanceView, device: str) -> tuple[object, ...]:
+        return (view.devices[device], view.paused, self._store.get(device))
+
     async def _publish_device(
         self, session: Session, view: InstanceView, device: str, now: float
     ) -> None:
+        shown = self._shown(view, device)
+        last = self._last_device.get(device)
         document, availability = self.device_document(view, device)
         line = self.line.id
         topic = self.settings.device_availability_topic(device, line)
@@ -542,7 +572,6 @@ class Health:
         ):
             self._last_availability[device] = availability
         key = _changed(document, ("time", "temperature", "points"))
-        last = self._last_device.get(device)
         # A device going offline or paused is said at once; its values at most once a
         # second; all of it every interval.
         due = (
@@ -553,7 +582,10 @@ class Health:
         )
         topic = self.settings.device_status_topic(device, line)
         if due and await self._publish(session, topic, encode(document)):
-            self._last_device[device] = (key, now)
+            self._last_device[device] = last = (key, now)
+        said = last is not None and last[0] == key
+        if said and self._last_availability.get(device) == availability:
+            self._last_shown[device] = shown
 
     async def _publish(
         self, session: Session, topic: str, payload: bytes, *, content_type: str = CONTENT_TYPE

@@ -4,7 +4,7 @@ from the device syncs, the leadership and the bus as they are at the moment aske
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from agent.line.bus import Bus
 from agent.protocol.hlc import Hlc
@@ -130,6 +130,77 @@ def device_view(sync: DeviceSync, snapshot: telemetry.Snapshot) -> DeviceView:
             # When it was written: its age, in status.
             "version": None if refused.version is None else str(refused.version),
         },
+        sync.served_by,
+        sync.reconciling,
+    )
+
+
+class DeviceViews:
+    """Each device's view for health, built again only when something it shows changed.
+
+    Health asks for every device every second and on every change in the store; most
+    devices show the same as the time before. What a view shows is read from a few fields
+    (the unit's last reading, the sync's status and counters, the record's refusal, the
+    bus's record of the unit, the lease): compared, they say whether the view built last
+    still holds, and the same object is handed out again, which tells health that its
+    document needs no rebuilding either."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, tuple[tuple[object, ...], DeviceView]] = {}
+
+    def views(
+        self,
+        devices: Mapping[str, DeviceSync],
+        snapshot: Callable[[str], telemetry.Snapshot],
+        active: bool,
+        token: Hlc | None,
+        lock_losses: int,
+        bus: Bus | None,
+    ) -> dict[str, DeviceView]:
+        """Every device's view; `snapshot(device)` its telemetry, asked only to build one."""
+        for name in [name for name in self._built if name not in devices]:
+            del self._built[name]  # no longer configured (a reload)
+        views = {}
+        for name, sync in devices.items():
+            key = _shown(name, sync, active=active, token=token, lock_losses=lock_losses, bus=bus)
+            built = self._built.get(name)
+            if built is None or built[0] != key:
+                built = self._built[name] = (key, device_view(sync, snapshot(name)))
+            views[name] = built[1]
+        return views
+
+
+def _shown(
+    device_id: str,
+    sync: DeviceSync,
+    *,
+    active: bool,
+    token: Hlc | None,
+    lock_losses: int,
+    bus: Bus | None,
+) -> tuple[object, ...]:
+    """Everything `device_snapshot` and `device_view` read, as plain values."""
+    controller = sync.controller
+    status = sync.status
+    counters = status.counters
+    schedule = bus.schedule if bus is not None and active else None
+    return (
+        active,
+        token,
+        lock_losses,
+        controller is not None,
+        controller.last_state if controller is not None and active else None,
+        status.controller,
+        status.synced,
+        status.synced_at,
+        counters.invalid_remote_values,
+        counters.controller_errors,
+        counters.store_errors,
+        counters.fenced_writes_rejected,
+        counters.not_authorized,
+        schedule.slow(device_id) if schedule is not None else None,
+        schedule.errors(device_id) if schedule is not None else 0,
+        sync.record.refused,
         sync.served_by,
         sync.reconciling,
     )
