@@ -51,6 +51,10 @@ class Mosquitto:
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
 
+    def listeners(self) -> list[int]:
+        """The ports it listens on (a start waits for each: they open one after another)."""
+        return [self.port]
+
     def start(self, timeout: float = 10.0) -> None:
         log = open(self._dir / "mosquitto.log", "ab")  # noqa: SIM115 - owned by the process
         self._proc = subprocess.Popen(
@@ -58,11 +62,14 @@ class Mosquitto:
         )
         log.close()
         deadline = time.monotonic() + timeout
+        waiting = self.listeners()
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"mosquitto exited with {self._proc.returncode}")
             try:
-                with socket.create_connection((self.host, self.port), timeout=0.2):
+                with socket.create_connection((self.host, waiting[0]), timeout=0.2):
+                    waiting.pop(0)
+                if not waiting:
                     return
             except OSError:
                 time.sleep(0.02)

@@ -23,10 +23,12 @@ BLOCKS = 11
 
 
 def _block() -> int:
-    """This process's block: the xdist worker's number (gw0, gw1 ...), 0 outside xdist."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    number = int(worker[2:]) if worker[2:].isdigit() else 0
-    return number % BLOCKS
+    """This process's block: the xdist worker's number (gw0, gw1 ...); outside xdist (a
+    serial run, a soak or a bench beside a parallel run) the last block."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker[2:].isdigit():
+        return BLOCKS - 1
+    return int(worker[2:]) % (BLOCKS - 1)
 
 
 _lock = threading.Lock()

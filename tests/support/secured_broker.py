@@ -85,6 +85,9 @@ class SecuredMosquitto(Mosquitto):
             config += _PLAIN_LISTENER.format(port=self.plain_port)
         self._conf.write_text(config)
 
+    def listeners(self) -> list[int]:
+        return [self.port] if self.plain_port is None else [self.port, self.plain_port]
+
     @property
     def plain_url(self) -> str:
         assert self.plain_port is not None, "started without a plain listener"
