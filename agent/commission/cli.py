@@ -321,6 +321,11 @@ def _report(result: SweepResult, elapsed: float, dead_s: float, wanted: Plan, sp
         )
     for address in result.noisy:
         print(f"  @{address:<4} noise: garbage once, then nothing")
+    for address in result.late:
+        print(
+            f"  @{address:<4} LATE: answered after the reply timeout, so it was asked again "
+            "at the end; a unit this slow needs a longer --reply-timeout-ms"
+        )
     if result.noise_bytes:
         print(f"  noise on the line: {result.noise_bytes} bytes beside the replies")
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.commission.sweep import (
+    PATIENT_REPLY_S,
     Probe,
     Protocol,
     Settings,
@@ -32,6 +33,8 @@ from agent.controller.timing import LineTiming
 
 MAX_HEARD = 512
 """The most bytes one reply window takes in (two replies of the longest line, and noise)."""
+STALE_LOOK_S = 0.0002
+"""How long the scan looks for bytes already in before a request (a reply come late)."""
 
 
 class PortBusy(Exception):
@@ -54,10 +57,13 @@ class Timeouts:
 
     def reply_s(self, probe: Probe) -> float:
         """Twice a typical turnaround and the longest reply's line time, at least 50 ms
-        (the drivers' reply timeout, agent.controller.timing), or the one given."""
+        (the drivers' reply timeout, agent.controller.timing), or the one given; for an
+        address whose reply came late, at least PATIENT_REPLY_S."""
         if self.given_s is not None:
-            return self.given_s
-        return self.timing.reply_timeout_s(longest_reply(self.protocol, probe))
+            wait_s = self.given_s
+        else:
+            wait_s = self.timing.reply_timeout_s(longest_reply(self.protocol, probe))
+        return max(wait_s, PATIENT_REPLY_S) if probe.patient else wait_s
 
 
 def holders(path: str) -> list[int]:
@@ -122,12 +128,36 @@ def sweep_port(
     port.open()
     try:
         port.wait_for_quiet(timing.silent_s, 2 * timing.silent_s + timeouts.gap_s)
-        while (probe := sweep.next_probe()) is not None:
+        while True:
+            probe = sweep.next_probe()
+            if probe is None:
+                # The last addresses' replies may be late too: a last look for them.
+                if not sweep.unanswered or not sweep.heard_late(_last_look(port)):
+                    break
+                continue
+            sweep.heard_late(_stale(port))
             raw, took_s, late = _exchange(port, probe, sweep.protocol, timing, timeouts)
             sweep.record(probe, raw, took_s, late)
     finally:
         port.close()
     return sweep.result, time.monotonic() - started
+
+
+def _stale(port: SerialPort) -> bytes:
+    """What came in since the last reply window closed: a reply after its timeout."""
+    stale = b""
+    while len(stale) < MAX_HEARD:
+        more = port.read(MAX_HEARD - len(stale), time.monotonic() + STALE_LOOK_S)
+        if not more:
+            break
+        stale += more
+    return stale
+
+
+def _last_look(port: SerialPort) -> bytes:
+    """What comes in within PATIENT_REPLY_S of the sweep's end: replies come late."""
+    heard = port.read(MAX_HEARD, time.monotonic() + PATIENT_REPLY_S)
+    return heard + _stale(port) if heard else b""
 
 
 def _exchange(

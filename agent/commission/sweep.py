@@ -5,12 +5,14 @@ A sweep goes address by address. Each address gets a presence probe with a short
 unit answers, if only with an exception), so that a dead address costs little. What comes
 back in the reply window is heard as an answer, a refusal (the unit is there and says no),
 silence, garbage, or two replies. Silence ends the address at once: a dead address costs
-one reply timeout. Garbage is probed again: garbage every time (or two replies at once) is
-a collision, two units answering at one address; garbage once is noise. A unit found is
-then asked what it says of itself (the line protocol's `ID`; Modbus: device identification
-43/14, else report server id 17) and which of the profile's points it answers (the line
-protocol: `GET POINTS`; Modbus: the profile's reads, register by register where a block
-read is refused).
+one reply timeout; a reply that comes after its timeout (heard before the next request, or
+in the next reply window) has its address probed again at the end, patiently, and reported
+late. Garbage is probed again: garbage every time (or two replies at once) is a collision,
+two units answering at one address; garbage once is noise. A unit found is then asked what
+it says of itself (the line protocol's `ID`; Modbus: device identification 43/14, else
+report server id 17) and which of the profile's points it answers (the line protocol:
+`GET POINTS`; Modbus: the profile's reads, register by register where a block read is
+refused), and asked once more where it went silent.
 
 The sweep keeps the line's floor too: every request's and reply's line time, a typical
 turnaround and the silent interval, as the line's timing (agent.controller.timing) gives
@@ -20,7 +22,7 @@ them: what no master could do the same sweep faster than.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Literal
 
@@ -35,6 +37,10 @@ Protocol = Literal["line", "modbus"]
 
 PRESENCE_ATTEMPTS = 2
 """Probes of an address that answered garbage: garbage each time is a collision."""
+PATIENT_REPLY_S = 1.0
+"""The reply timeout of an address whose reply came late: a unit slower still is no use."""
+FOLLOW_UP_ATTEMPTS = 2
+"""Asks of a unit found that went silent: it answered a moment ago."""
 DEFAULT_POINTS = {"setPoint": (READ_HOLDING, 0), "temperature": (READ_HOLDING, 1)}
 """A Modbus unit without a profile: the driver's default register map."""
 
@@ -72,6 +78,8 @@ class Probe:
     attempt: int = 1
     registers: tuple[tuple[str, int, int], ...] = ()
     """Modbus reads: the (point, function, register) the read covers."""
+    patient: bool = False
+    """An address whose reply came late: its reply gets a long wait (PATIENT_REPLY_S)."""
 
 
 class Heard(StrEnum):
@@ -111,6 +119,8 @@ class SweepResult:
     collisions: list[int] = field(default_factory=list)
     noisy: list[int] = field(default_factory=list)
     """Addresses where garbage was heard once and nothing answered."""
+    late: list[int] = field(default_factory=list)
+    """Addresses whose reply came after the reply timeout: each was probed again."""
     probes: int = 0
     floor_s: float = 0.0
     noise_bytes: int = 0
@@ -152,6 +162,8 @@ class Sweep:
         self._heard: list[Heard] = []
         self._found: Found | None = None
         self._address = 0
+        self._unanswered: set[int] = set()
+        """Addresses swept where a probe went unanswered."""
 
     # --- what to send ----------------------------------------------------------------
 
@@ -165,11 +177,13 @@ class Sweep:
         return self._queue[0]
 
     def presence(self, address: int, attempt: int = 1) -> Probe:
+        patient = address in self.result.late
         if self.protocol == "line":
-            return Probe(address, Step.PRESENCE, _line(address, lp.GetSetpoint()), attempt)
-        function, register = self._modbus_points()[0][1:]
-        frame = rtu.read_request(address, function, register, 1)
-        return Probe(address, Step.PRESENCE, frame, attempt)
+            frame = _line(address, lp.GetSetpoint())
+        else:
+            function, register = self._modbus_points()[0][1:]
+            frame = rtu.read_request(address, function, register, 1)
+        return Probe(address, Step.PRESENCE, frame, attempt, patient=patient)
 
     def _modbus_points(self) -> list[tuple[str, int, int]]:
         if self.profile is not None and self.profile.modbus is not None:
@@ -180,6 +194,12 @@ class Sweep:
         return [(name, f, r) for name, (f, r) in DEFAULT_POINTS.items()]
 
     def _follow_ups(self, address: int) -> list[Probe]:
+        probes = self._asks(address)
+        if address in self.result.late:
+            return [replace(p, patient=True) for p in probes]
+        return probes
+
+    def _asks(self, address: int) -> list[Probe]:
         if self.protocol == "line":
             if self.profile is not None and self.profile.line is not None:
                 request: lp.Request = lp.GetPoints()
@@ -210,6 +230,10 @@ class Sweep:
             raise ValueError("record() the probe next_probe() gave")
         self._queue.popleft()
         hearing = hear(self.protocol, probe, raw)
+        if hearing.heard is Heard.SILENT:
+            self._unanswered.add(probe.address)
+        else:
+            self.heard_late(raw, besides=probe.address)  # an earlier reply, come later still
         result = self.result
         result.probes += 1
         result.floor_s += self.timing.transaction_s(len(probe.frame), len(raw))
@@ -231,16 +255,39 @@ class Sweep:
             self._found = Found(probe.address, reply_s=took_s, noise=noise)
             self._queue.extend(self._follow_ups(probe.address))
 
+    @property
+    def unanswered(self) -> bool:
+        """Whether a probe went unanswered whose address was not probed again."""
+        return bool(self._unanswered - set(self.result.late))
+
+    def heard_late(self, raw: bytes, besides: int | None = None) -> list[int]:
+        """`raw`: bytes that came in after a reply window closed, before the next request.
+        Each address swept whose probe went unanswered and whose reply is among them is
+        probed again at the end of the sweep (once): those addresses."""
+        again = [
+            a
+            for a in dict.fromkeys(reply_addresses(self.protocol, raw))
+            if a in self._unanswered and a not in self.result.late and a != besides
+        ]
+        for address in again:
+            self.result.late.append(address)
+            self._addresses.append(address)
+        return again
+
     def _follow_up_heard(self, probe: Probe, hearing: Hearing) -> None:
         found = self._found
         assert found is not None
         answered = hearing.heard is Heard.ANSWER
+        if hearing.heard is Heard.SILENT and probe.attempt < FOLLOW_UP_ATTEMPTS:
+            self._queue.appendleft(replace(probe, attempt=probe.attempt + 1))
+            return
         if probe.step is Step.DEVICE_ID:
             if answered:
                 found.identity = hearing.text
             elif self.protocol == "modbus":
+                frame = ident.server_id_request(probe.address)
                 self._queue.appendleft(
-                    Probe(probe.address, Step.SERVER_ID, ident.server_id_request(probe.address))
+                    Probe(probe.address, Step.SERVER_ID, frame, patient=probe.patient)
                 )
         elif probe.step is Step.SERVER_ID:
             if answered:
@@ -262,7 +309,7 @@ class Sweep:
                 )
                 for name, function, register in probe.registers
             ]
-            self._queue.extendleft(reversed(singles))
+            self._queue.extendleft(replace(p, patient=probe.patient) for p in reversed(singles))
         else:
             found.missing += [name for name, _, _ in probe.registers]
 
@@ -278,11 +325,15 @@ class Sweep:
         address = self._address
         verdict = judge(self._heard)
         if verdict == "collision":
-            self.result.collisions.append(address)
-        elif verdict == "noise":
+            if address not in self.result.collisions:
+                self.result.collisions.append(address)
+        elif verdict == "noise" and address not in self.result.noisy:
             self.result.noisy.append(address)
         if self._found is not None:
-            self.result.found.append(self._found)
+            found = [f for f in self.result.found if f.address != address]
+            self.result.found = sorted([*found, self._found], key=lambda f: f.address)
+            if address in self.result.noisy and verdict == "present":
+                self.result.noisy.remove(address)
         self._heard = []
         self._found = None
 
@@ -326,6 +377,32 @@ def reply_complete(protocol: Protocol, probe: Probe, raw: bytes) -> bool:
         return True
     length = rtu.reply_length(raw[: rtu.HEADER_BYTES])
     return length is not None and len(raw) >= length
+
+
+def reply_addresses(protocol: Protocol, raw: bytes) -> list[int]:
+    """The addresses of the whole, valid replies among `raw` (a line's checksummed replies;
+    Modbus frames whose CRC holds), in order."""
+    found: list[int] = []
+    if protocol == "line":
+        for line in raw.split(b"\n"):
+            try:
+                frame = lp.salvage_reply(line)
+                address = None if frame is None else lp.split_address(frame.payload)[0]
+            except lp.ProtocolError:
+                continue
+            if address is not None:
+                found.append(address)
+        return found
+    start = 0
+    while start + rtu.HEADER_BYTES <= len(raw):
+        length = rtu.reply_length(raw[start : start + rtu.HEADER_BYTES])
+        candidate = raw[start : start + length] if length else b""
+        if length and len(candidate) == length and rtu.crc(candidate) == 0:
+            found.append(candidate[0])
+            start += length
+        else:
+            start += 1
+    return found
 
 
 def hear(protocol: Protocol, probe: Probe, raw: bytes) -> Hearing:

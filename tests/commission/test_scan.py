@@ -107,6 +107,25 @@ def test_scan_finds_every_unit_reports_the_collision_and_writes_a_devices_file(
     assert sorted(d["address"] for d in derived.values()) == answering(), config.stdout
 
 
+@pytest.mark.parametrize("protocol", ["line", "modbus"])
+def test_a_unit_slower_than_the_reply_timeout_is_found_and_said_late(
+    background: Lines, protocol: str
+) -> None:
+    line = FakeLine(addresses=[1, 2, 3], modbus=protocol == "modbus")
+    background.run(line.start(tcp_port=0))
+    background.served.append(line)
+    background.call(lambda: line.unit(2).fault("SLOW", 250))  # past the 60 ms timeout
+    result = agent(
+        "scan", str(line.tcp_url), "--protocol", protocol, "--addresses", "1-4", *FAST,
+        "--profile", "sim", "--no-store",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = re.findall(r"^  @(\d+) +\S.* 8/8 points of sim", result.stdout, re.M)
+    assert found == ["1", "2", "3"], result.stdout
+    assert re.search(r"^  @2 +LATE: answered after the reply timeout", result.stdout, re.M)
+    assert "@1    LATE" not in result.stdout  # (3 waited for 2's reply: late too, or not)
+
+
 def test_each_setting_is_tried_on_a_local_port_but_not_on_a_socket(
     background: Lines, tmp_path: Path
 ) -> None:

@@ -155,6 +155,62 @@ def test_a_block_read_refused_is_asked_register_by_register() -> None:
     assert found.points == [p for p in SIM.points if p != "humidity"]
 
 
+@given(
+    protocol=st.sampled_from(["line", "modbus"]),
+    units=st.sets(st.integers(1, 20), min_size=1, max_size=8),
+    slow=st.data(),
+)
+def test_a_reply_after_its_timeout_has_its_address_asked_again_at_the_end(
+    protocol: Protocol, units: set[int], slow: st.DataObject
+) -> None:
+    """A line of slow units: each reply of the `late` units comes only after the reply
+    window closed, before the next request (or, `later`, in the next reply window), unless
+    the probe waits patiently. The sweep still finds every unit, whole."""
+    late = slow.draw(st.sets(st.sampled_from(sorted(units))))
+    later = slow.draw(st.booleans())
+    sweep = Sweep(protocol, list(range(1, 21)), Settings(9600), SIM)
+    line = model_line(protocol, units)
+    owed = b""
+    while True:
+        probe = sweep.next_probe()
+        if probe is None:  # a last look, for the last address's reply
+            if not sweep.heard_late(owed):
+                break
+            owed = b""
+            continue
+        if not later:
+            sweep.heard_late(owed)  # heard before the next request
+            owed = b""
+        reply = line(probe)
+        if probe.address in late and not probe.patient:
+            owed, reply = owed + reply, b""
+        else:
+            owed, reply = b"", owed + reply  # heard in the next reply window
+        sweep.record(probe, reply, 0.01)
+    result = sweep.result
+    assert [f.address for f in result.found] == sorted(units)
+    assert all(not f.missing for f in result.found)
+    assert sorted(result.late) == sorted(late)
+    assert not result.collisions
+
+
+def test_a_unit_found_that_goes_silent_once_is_asked_again() -> None:
+    sweep = Sweep("line", [6], Settings(9600), SIM)
+    model = model_line("line", {6})
+    silent = {Step.POINTS}
+
+    def line(probe: Probe) -> bytes:
+        if probe.step in silent:
+            silent.discard(probe.step)
+            return b""
+        return model(probe)
+
+    sent = run(sweep, line)
+    assert [p.step for p in sent] == [Step.PRESENCE, Step.DEVICE_ID, Step.POINTS, Step.POINTS]
+    (found,) = sweep.result.found
+    assert found.points == list(SIM.points) and not found.missing
+
+
 @given(st.lists(st.sampled_from(list(Heard)), min_size=1, max_size=4))
 def test_judge(heard: list[Heard]) -> None:
     verdict = judge(heard)
