@@ -117,6 +117,10 @@ def _valid_frame_at(buffer: bytearray, start: int) -> int:
     return 0
 
 
+_UNFIXED = (REPORT_SERVER_ID, ENCAPSULATED)
+"""The functions without a fixed request layout that the fake answers."""
+
+
 class RtuSplitter:
     """Splits the bytes a master sends into request frames. Pure and incremental.
 
@@ -152,9 +156,17 @@ class RtuSplitter:
 
     @staticmethod
     def _later_frame(buffer: bytearray) -> bool:
-        """Whether a whole valid frame starts after the first byte: then what is in front
-        of it is noise or the start of a broken frame, not one still arriving."""
-        return any(_valid_frame_at(buffer, start) for start in range(1, len(buffer) - 3))
+        """Whether a whole valid request ends the buffer, starting after its first byte:
+        then what is in front of it is noise or the start of a broken frame, not one still
+        arriving (a master waits for the reply to what it sent last). The data bytes of a
+        long write still arriving hold many runs of a chance good CRC: a frame of no fixed
+        layout counts only with a function the fake answers."""
+        for start in range(1, len(buffer) - 3):
+            length = _valid_frame_at(buffer, start)
+            fixed = _request_length(buffer, start) != 0
+            if start + length == len(buffer) and (fixed or buffer[start + 1] in _UNFIXED):
+                return True
+        return False
 
 
 # --- requests ------------------------------------------------------------------------------

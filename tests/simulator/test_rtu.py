@@ -79,6 +79,16 @@ def test_any_chunking_yields_the_frames(frames: list[bytes], data: st.DataObject
     assert splitter.discarded == 0
 
 
+def test_a_long_write_still_arriving_is_not_taken_for_noise() -> None:
+    # Its bytes 0x14 0x25 0x1e 0x01 0xdc 0x7f hold a good CRC for a frame of function 0x25
+    # (no fixed layout), ending where the first chunk ends.
+    frame = write_multiple(1, 0, [9502, 476, 32512, 0, 1, 2, 3, 4, 5, 6])
+    splitter = RtuSplitter()
+    assert splitter.feed(frame[:12]) == []
+    assert splitter.feed(frame[12:]) == [frame]
+    assert splitter.discarded == 0
+
+
 def test_noise_and_a_broken_frame_are_stepped_over() -> None:
     good = read(3, 0, 2)
     broken = bytearray(write(4, 0, 215))
