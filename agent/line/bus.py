@@ -107,6 +107,7 @@ class Bus:
         on_reading: ReadingHandler | None = None,
         reading_wanted: ReadingFilter | None = None,
         on_availability: AvailabilityHandler | None = None,
+        on_stopped: Callable[[], None] | None = None,
         gate: Gate = open_gate,
         driving: Callable[[], bool] | None = None,
         transactions: Tally | None = None,
@@ -123,6 +124,9 @@ class Bus:
         event loop has caught up and closed the bus. It must only read state. While
         `driving()` still says yes, urgent work the gate held back waits for the lease to be
         renewed instead of failing.
+
+        `on_stopped()` is called (on the event loop) if the bus's thread ends by a fault of
+        its own, not by close(): the line is no longer driven.
 
         `transactions` counts each transaction by (unit, function, result), its time by function,
         `line_events` the port opened and lost (both given by the owner, so that the counts
@@ -155,6 +159,7 @@ class Bus:
         self.on_reading = on_reading
         self.reading_wanted = reading_wanted
         self.on_availability = on_availability
+        self.on_stopped = on_stopped
         self.gate = gate
         self.driving = driving
         self.transactions = transactions if transactions is not None else transaction_tally()
@@ -314,7 +319,13 @@ class Bus:
                 # The line stays quiet for the silent interval before the next frame.
                 self._quiet()
         except Exception:
-            log.exception("%s: the bus stopped", self.driver.url)
+            log.exception(
+                "%s: the bus stopped on a fault of its own: the line is no longer driven; "
+                "the agent exits for systemd to start it again (report this)",
+                self.driver.url,
+            )
+            if self.on_stopped is not None:
+                self._post(self.on_stopped)
         finally:
             with contextlib.suppress(Exception):
                 self.driver.close()
@@ -464,8 +475,7 @@ class Bus:
             # Routine readings, and the read the bus makes before a write, go to the sync
             # if they say something new (an urgent read's caller has its answer).
             urgent = op.number in self._waiters
-            wanted = self.reading_wanted is None or self.reading_wanted(op.device, result)
-            if wanted and not urgent and self.on_reading is not None:
+            if not urgent and self.on_reading is not None and self._wanted(op.device, result):
                 self._post(self._deliver_reading, op.device, result, ended)
         return result, None
 
@@ -551,6 +561,15 @@ class Bus:
             waiter = self._waiters.pop(op.number, None)
         if waiter is not None:
             self._post(_settle, waiter.future, result, error)
+
+    def _wanted(self, name: str, state: ControllerState) -> bool:
+        if self.reading_wanted is None:
+            return True
+        try:
+            return self.reading_wanted(name, state)
+        except Exception:  # a handler's bug is never the end of the bus
+            log.exception("%s: reading filter failed: the reading goes to the sync", name)
+            return True
 
     def _deliver_reading(self, name: str, state: ControllerState, at: float) -> None:
         if self.on_reading is None:

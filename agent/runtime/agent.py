@@ -45,7 +45,7 @@ from agent.sync.device import DeviceSync
 
 log = logging.getLogger("agent")
 
-EXIT_OK = 0
+EXIT_OK, EXIT_SOFTWARE = 0, 70  # 70, EX_SOFTWARE: the agent's own fault; systemd restarts it
 EXIT_CONFIG = 78  # EX_CONFIG: systemd will not restart (RestartPreventExitStatus=78)
 READY_WAIT_S = 5.0
 """At start as active, how long readiness waits for the devices to be reconciled."""
@@ -64,8 +64,7 @@ class Agent:
         self.settings = settings
         self.line = settings.line
         self.notifier = notifier or Notifier({})
-        self.process = process_nonce()
-        """This process among all: in the lock's holder value, its client id and health."""
+        self.process = process_nonce()  # this process among all: in the lock, client id, health
         self._driver_factory = driver_factory
         self.session: Session | None = None
         self.client: StateStoreClient | None = None
@@ -80,10 +79,8 @@ class Agent:
         self._lease_task: asyncio.Task[None] | None = None
         self._line_rate = LineRate()
         self._device_views = DeviceViews()
-        self._devices_watched = asyncio.Event()
-        """Set once every device's keys are watched (or left out): a takeover waits for it."""
-        self._lock_absent_at: float | None = None
-        """When the read that found the lock absent at start was sent (monotonic)."""
+        self._devices_watched = asyncio.Event()  # every device's keys watched (or left out)
+        self._lock_absent_at: float | None = None  # the read that found no lock at start, sent
         self._ended = asyncio.Event()
         self._exit_code: int | None = None
         self.control: LineControl | None = None  # pause and switchover (agent.runtime.control)
@@ -201,6 +198,7 @@ class Agent:
             may_write=self.may_write,
             deadline=lambda: lock.deadline,
             spawn=self._spawn,
+            bus_stopped=lambda: self._end(EXIT_SOFTWARE),
         )
         assert self._driver is not None
         self.leadership.must_cover(self._driver.longest_transaction_s)
@@ -329,8 +327,11 @@ class Agent:
             self._devices_watched.set()
         if not self.devices:
             log.error("no device of line %s can be served: nothing to do", self.line.id)
-            self._exit_code = EXIT_CONFIG
-            self._ended.set()
+            self._end(EXIT_CONFIG)
+
+    def _end(self, code: int) -> None:
+        self._exit_code = code
+        self._ended.set()
 
     async def _watch_device(self, device_id: str, sync: DeviceSync) -> tuple[bool, bytes | None]:
         """Watches a device's keys (agent.runtime.devices): whether it can be served (the
@@ -470,8 +471,9 @@ class Agent:
             sync.follow_change(point, change)
 
     async def _on_record(self, device_id: str, change: KeyChange) -> None:
-        if self.role is not Role.ACTIVE:
-            await self.devices[device_id].follow_record(change.value)
+        sync = self.devices.get(device_id)  # None: taken off the line by a reload
+        if self.role is not Role.ACTIVE and sync is not None:
+            await sync.follow_record(change.value)
 
     async def _on_reconnect(self) -> None:
         log.info("reconnected to the broker")

@@ -31,15 +31,19 @@ class ActiveLine:
         may_write: Callable[[], bool],
         deadline: Callable[[], float | None],
         spawn: Callable[[Awaitable[Any]], asyncio.Future[Any]],
+        bus_stopped: Callable[[], None] = lambda: None,
     ) -> None:
         """`may_write()`: this instance drives the line now (active, within its lease, not
-        paused); `deadline()`: its lease's local deadline (monotonic), or None."""
+        paused); `deadline()`: its lease's local deadline (monotonic), or None;
+        `bus_stopped()`: the bus's thread ended by a fault of its own (the agent exits, for
+        systemd to start it again, and the standby takes over meanwhile)."""
         self.settings = settings
         self.driver = driver
         self.devices = devices
         self.may_write = may_write
         self.deadline = deadline
         self._spawn = spawn
+        self._bus_stopped = bus_stopped
         self.bus: Bus | None = None
         self.transactions = transaction_tally()
         """Every bus's transactions, this process's whole life (agent.runtime.metrics)."""
@@ -64,6 +68,7 @@ class ActiveLine:
             on_reading=self._on_reading,
             reading_wanted=self._reading_wanted,
             on_availability=self._on_availability,
+            on_stopped=self._bus_stopped,
             gate=self.gate,
             driving=self.may_write,
             transactions=self.transactions,
@@ -131,15 +136,19 @@ class ActiveLine:
 
     def _reading_wanted(self, device_id: str, state: ControllerState) -> bool:
         """On the bus's thread: a routine reading is news only if it differs from what
-        was last synced (most do not, and cost the event loop nothing)."""
-        return self.devices[device_id].wants(state)
+        was last synced (most do not, and cost the event loop nothing). A device a reload
+        took off the line while its transaction ran has no news."""
+        sync = self.devices.get(device_id)
+        return sync is not None and sync.wants(state)
 
     def _on_reading(self, device_id: str, state: ControllerState, at: float) -> None:
-        self.devices[device_id].polled(state, at)
+        sync = self.devices.get(device_id)
+        if sync is not None:  # else taken off the line by a reload meanwhile
+            sync.polled(state, at)
 
     def _on_availability(self, device_id: str, available: bool) -> None:
-        sync = self.devices[device_id]
-        if sync.controller is None:
+        sync = self.devices.get(device_id)
+        if sync is None or sync.controller is None:
             return  # the line being opened by a takeover, or closed on the way out
         if available:
             sync.reconcile_soon()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.config import AgentSettings
+from agent.controller.interface import ControllerState
 from agent.runtime import reload
+from agent.runtime.driving import ActiveLine
 
 URL = {"url": "socket://127.0.0.1:1"}
 
@@ -74,3 +77,20 @@ def test_the_changes_take_the_old_devices_to_the_new(
         kept[device.id] = device.address  # type: ignore[assignment]
     assert kept == new
     assert not (set(changes.removed) & {d.id for d in changes.added})
+
+
+def test_the_bus_finishing_a_removed_devices_transaction_is_no_news() -> None:
+    """The bus's thread may finish a transaction of a device a reload has just taken off
+    the line: its reading is no news, and nothing fails (the bus once stopped on it)."""
+    line = ActiveLine(
+        settings("t01@1"),
+        driver=None,  # type: ignore[arg-type]
+        devices={},
+        may_write=lambda: True,
+        deadline=lambda: None,
+        spawn=asyncio.ensure_future,
+    )
+    state = ControllerState(21.0, 20.0, None, None)
+    assert line._reading_wanted("t02", state) is False
+    line._on_reading("t02", state, 0.0)
+    line._on_availability("t02", True)

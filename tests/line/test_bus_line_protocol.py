@@ -535,6 +535,36 @@ async def test_routine_polls_go_to_the_reading_handler(device: FakeDevice) -> No
     assert all(name == "t1" and state.setpoint == 20.0 for name, state in readings)
 
 
+async def test_a_reading_filter_that_fails_is_not_the_end_of_the_bus(device: FakeDevice) -> None:
+    assert device.pty_link is not None
+    got = asyncio.Event()
+
+    def wanted(name: str, state: ControllerState) -> bool:
+        raise KeyError(name)  # as for a device a reload took off the line, once
+
+    async with open_bus(
+        device.pty_link,
+        poll_interval_s=0.05,
+        reading_wanted=wanted,
+        on_reading=lambda name, state, at: got.set(),
+    ) as bus:
+        await asyncio.wait_for(got.wait(), 5)
+        assert (await bus.device("t1").read_state()).setpoint == 20.0
+
+
+async def test_a_bus_that_stops_on_a_fault_of_its_own_says_so(device: FakeDevice) -> None:
+    assert device.pty_link is not None
+    stopped = asyncio.Event()
+    bus = open_bus(device.pty_link, on_stopped=stopped.set)
+
+    def broken(now: float) -> float:
+        raise RuntimeError("a bug in the schedule")
+
+    bus.schedule.next = broken  # type: ignore[method-assign]
+    async with bus:
+        await asyncio.wait_for(stopped.wait(), 5)
+
+
 # --- socket:// -------------------------------------------------------------------------
 
 
