@@ -20,6 +20,10 @@ They live in the devices file (``AGENT_DEVICES_FILE`` holding ``{"profiles": {..
     }
 
 ``deadband``: the least difference between cooling and heating set point (default 1.0);
+``after_absence``: who wins when a unit comes back from an absence (unplugged, reset,
+powered off, replaced) holding other values than those last synced, ``store`` (written back
+to the unit) or ``unit`` (published; for units whose panel is the master); default: the
+line's ``AGENT_SERIAL__AFTER_ABSENCE``, itself ``store``;
 ``max_gap`` (Modbus): the most registers no point has that one read may span between two
 that one has (default 0: consecutive registers only, as many units refuse a read of a
 register they lack). Per point: ``limits`` (a number the agent writes; the set point's
@@ -107,6 +111,7 @@ class ProfileSettings(BaseModel):
     protocol: Protocol
     deadband: Annotated[float, Field(ge=0)] = DEFAULT_DEADBAND
     max_gap: Annotated[int, Field(ge=0, le=15)] = 0
+    after_absence: Literal["store", "unit"] | None = None
     points: dict[str, PointSettings]
 
 
@@ -166,7 +171,14 @@ def build(name: str, raw: object) -> Profile:
         raise ValueError(
             f"profile {name}, {exc}" if str(exc).startswith("point ") else f"profile {name}: {exc}"
         ) from None
-    profile = Profile(name, rules, settings.deadband, modbus=modbus, line=line)
+    profile = Profile(
+        name,
+        rules,
+        settings.deadband,
+        modbus=modbus,
+        line=line,
+        after_absence=settings.after_absence,
+    )
     check(profile)
     return profile
 

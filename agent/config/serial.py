@@ -49,6 +49,13 @@ class SerialSettings(BaseModel):
     min_write_interval_s: Annotated[float, Field(ge=0)] = Field(
         default=1.0, description="Least time between two writes (spares the EEPROM)."
     )
+    after_absence: Literal["store", "unit"] = Field(
+        default="store",
+        description="Who wins when a unit comes back from an absence (unplugged, reset, "
+        "powered off, replaced) holding other values than those last synced: store (the "
+        "store's are written back to it: a replaced unit gets its settings back) or unit "
+        "(its values are published). A profile's after_absence overrides it.",
+    )
     poll_interval_s: Annotated[float, Field(gt=0)] = Field(
         default=1.0,
         description="How often every controller is read for local changes (one poll cycle).",

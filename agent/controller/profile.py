@@ -37,6 +37,10 @@ class Profile:
     """How a Modbus unit keeps the points (the drivers' and the simulator's)."""
     line: LineProfile | None = None
     """How a unit speaking the line protocol keeps them."""
+    after_absence: str | None = None
+    """Who wins when a unit comes back from an absence (unplugged, reset, powered off,
+    replaced) holding other values: "store" (its values are written back to the unit) or
+    "unit" (the unit's are published); None: the line's setting (serial.after_absence)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.points) - set(POINTS)
@@ -44,6 +48,8 @@ class Profile:
             raise ValueError(f"profile {self.name}: unknown points {sorted(unknown)}")
         if "setPoint" not in self.points:
             raise ValueError(f"profile {self.name}: every profile has the setPoint")
+        if self.after_absence not in (None, "store", "unit"):
+            raise ValueError(f"profile {self.name}: after_absence is store or unit")
 
     @property
     def writable(self) -> tuple[str, ...]:

@@ -334,9 +334,9 @@ class Agent:
         self._ended.set()
 
     async def _watch_device(self, device_id: str, sync: DeviceSync) -> tuple[bool, bytes | None]:
-        """Watches a device's keys (agent.runtime.devices): whether it can be served (the
-        broker's rules may refuse its keys), and its sync record."""
+        """Watches a device's keys (agent.runtime.devices): whether it may be, its record."""
         assert self.client is not None
+        sync.on_back = self.history.unit_back  # a unit back from an absence: in the history
         return await watch_device(
             self.client,
             device_id,

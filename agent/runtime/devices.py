@@ -54,6 +54,7 @@ def make_sync(
         logging.LoggerAdapter(log, {"device": device.id}),
         may_write,
         profile,
+        profile.after_absence or s.serial.after_absence,
     )
 
 

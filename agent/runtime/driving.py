@@ -152,4 +152,6 @@ class ActiveLine:
             return  # the line being opened by a takeover, or closed on the way out
         if available:
             sync.reconcile_soon()
+        else:
+            sync.left_line()
         sync.status.controller = "ok" if available else "unavailable"

@@ -214,8 +214,10 @@ class DeviceCore:
         """How its points appear on the wire (its line map, its registers)."""
         self.values: dict[str, PointValue] = dict(SIM_VALUES)
         """Its points besides set point and temperature, by name."""
+        self.factory_setpoint = round_to_step(setpoint, limits)
+        """The set point it comes with, and comes back to after a reset."""
         self.model = ThermalModel(
-            setpoint=round_to_step(setpoint, limits),
+            setpoint=self.factory_setpoint,
             temperature=temperature,
             now=now,
             time_constant_s=time_constant_s,
@@ -314,6 +316,12 @@ class DeviceCore:
             return refused
         stored = self.point_values(now)[point]
         return lp.ValueStored(points.name(point), points.encode(point, stored))
+
+    def reset(self, now: float) -> None:
+        """Back to its factory values: a reset, a power cut of a unit that keeps nothing, a
+        replacement out of the box."""
+        self.values = dict(SIM_VALUES)
+        self.model.set_setpoint(self.factory_setpoint, now)
 
     def store_setpoint(self, value: float, now: float, channel: str) -> lp.Reply:
         """Store a set point (rounded to the step) or refuse it; record it as a write."""
@@ -588,14 +596,15 @@ class PanelValue:
 @dataclass(frozen=True, slots=True)
 class FaultCommand:
     kind: str
-    """UNPLUG, SILENT (seconds), SLOW, SLOWWRITE and LATE (ms), GARBAGE, STRAY, BADSUM,
-    NOSUM (count), ASADDRESS (an address), CLEAR."""
+    """UNPLUG, SILENT, POWERCYCLE (seconds), SLOW, SLOWWRITE and LATE (ms), GARBAGE, STRAY,
+    BADSUM, NOSUM (count), ASADDRESS (an address), RESET, CLEAR."""
     amount: float = 0.0
 
 
 _FAULT_UNITS = {
     "UNPLUG": "seconds",
     "SILENT": "seconds",
+    "POWERCYCLE": "seconds",
     "SLOW": "ms",
     "SLOWWRITE": "ms",
     "LATE": "ms",
@@ -626,10 +635,11 @@ def parse_panel_command(payload: str) -> PanelSetpoint | PanelValue | FaultComma
             raise lp.RequestError("SYNTAX", str(exc)) from exc
     if upper[:1] != ["FAULT"]:
         return None
-    if upper[1:] == ["CLEAR"]:
-        return FaultCommand("CLEAR")
+    if upper[1:] in (["CLEAR"], ["RESET"]):
+        return FaultCommand(upper[1])
     if len(words) != 3 or upper[1] not in _FAULT_UNITS:
-        raise lp.RequestError("SYNTAX", f"usage: FAULT {{{'|'.join(_FAULT_UNITS)}}} <n>|CLEAR")
+        usage = f"usage: FAULT {{{'|'.join(_FAULT_UNITS)}}} <n>|RESET|CLEAR"
+        raise lp.RequestError("SYNTAX", usage)
     try:
         amount = lp.parse_number(words[2])
     except ValueError as exc:

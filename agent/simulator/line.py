@@ -311,7 +311,8 @@ class FakeLine:
 
     def fault(self, kind: str, amount: float = 0.0) -> None:
         """A fault of the whole line. UNPLUG: connections drop and opens fail for `amount`
-        seconds; CLEAR: clears the line's faults and every unit's; others hit every reply."""
+        seconds; CLEAR: clears the line's faults and every unit's; RESET and POWERCYCLE: each
+        unit's (a power cut of the line); others hit every reply."""
         kind = kind.upper()
         if kind == "CLEAR":
             was_unplugged = self.unplugged
@@ -322,6 +323,9 @@ class FakeLine:
             if was_unplugged and self._replug is not None:
                 self._replug.cancel()
                 self._spawn(self._plug())
+        elif kind in ("RESET", "POWERCYCLE"):  # a power cut of the whole line, say
+            for unit in self._units.values():
+                unit.fault(kind, amount)
         elif kind == "UNPLUG":
             self.faults.set(kind, amount, time.monotonic())
             log.info("fake line: unplugged for %s s", amount)

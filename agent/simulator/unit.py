@@ -41,7 +41,10 @@ class Unit:
         """How long it takes before it answers, with line time emulated."""
         self.plug_count = 0
         """How often the unit came back after FAULT UNPLUG."""
+        self.reset_count = 0
+        """How often it went back to its factory values (FAULT RESET, POWERCYCLE)."""
         self._replug: asyncio.TimerHandle | None = None
+        self._reset_at_plug = False
 
     def __repr__(self) -> str:
         return f"<Unit {self.address} sp={self.setpoint}>"
@@ -90,8 +93,15 @@ class Unit:
 
     def fault(self, kind: str, amount: float = 0.0) -> None:
         """A fault of this unit only (see Faults.set); UNPLUG: it never answers until
-        `amount` seconds have passed (or CLEAR)."""
+        `amount` seconds have passed (or CLEAR); RESET: back to its factory values at once;
+        POWERCYCLE: unplugged for `amount` seconds, then back at its factory values."""
         kind = kind.upper()
+        if kind == "RESET":
+            self.reset()
+            return
+        if kind == "POWERCYCLE":
+            self._reset_at_plug = True
+            kind = "UNPLUG"
         was_unplugged = self.unplugged
         self.faults.set(kind, amount, time.monotonic())
         if self._replug is not None and (kind in ("UNPLUG", "CLEAR")):
@@ -104,11 +114,20 @@ class Unit:
             self._plug()
         self.line.notify()
 
+    def reset(self) -> None:
+        self.core.reset(time.monotonic())
+        self.reset_count += 1
+        log.info("fake line: unit %s back at its factory values", self.address)
+        self.line.notify()
+
     def _plug(self) -> None:
         self._replug = None
         self.faults.unplugged_until = None
         self.plug_count += 1
         log.info("fake line: unit %s plugged in again", self.address)
+        if self._reset_at_plug:
+            self._reset_at_plug = False
+            self.reset()
         self.line.notify()
 
     def _cancel_timers(self) -> None:

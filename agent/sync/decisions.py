@@ -15,6 +15,10 @@ The store orders changes. The agent remembers the value and store version it las
   wins on both sides. Whichever reached the store last is what both sides end with.
 - A store that went back in time (a key older than the last sync: it lost writes it had
   acknowledged) holds no change: the unit's value is published again, and the unit keeps it.
+- A unit back from an absence (it left the line: unplugged, reset, powered off, replaced)
+  with a value other than the synced one holds no person's change the agent can tell from a
+  factory value: its profile (or its line) says who wins, the store (its value is written
+  back to the unit) or the unit (its value is published), and the agent says so.
 - A value the agent wrote is never a panel change. Before it writes a remote change to the
   controller the agent records the write as pending (in its sync record too, so that a
   takeover knows it); a write whose answer never came (a timeout, a lost link, a takeover)
@@ -25,7 +29,7 @@ The store orders changes. The agent remembers the value and store version it las
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.controller import points
 from agent.controller.interface import Limits, PointValue
@@ -95,6 +99,8 @@ class ApplyToController:
     version: Hlc
     # The store holds an unrounded value: write back what the controller keeps.
     correct_store: bool = False
+    after_absence: str | None = None
+    """Why the store's value goes back to a unit back from an absence (said as a warning)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +110,8 @@ class PublishToStore:
     only_if_absent: bool = False
     """The store held nothing: write only if it still holds nothing (SET NX), so that a
     remote change written meanwhile is applied rather than overwritten."""
+    after_absence: bool = False
+    """The unit's value after an absence, published by its profile's choice (a warning)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +218,52 @@ def reconcile(
             f"synced {synced.version}",
         )
     return Ignore("in sync")
+
+
+AFTER_ABSENCE = ("store", "unit")
+"""Who wins when a unit comes back from an absence with a value other than the synced one."""
+
+
+def after_absence(
+    policy: str,
+    synced: Synced,
+    store_raw: bytes | None,
+    store_version: Hlc | None,
+    controller: PointValue,
+    rules: Rules | Limits,
+) -> Decision:
+    """The first decision on a unit back from an absence, the store just read. A unit
+    that holds the synced value (or a point never synced, or a key the store lacks) is
+    reconciled as ever; one that holds another value gets the store's back (`policy`
+    "store") or has its own published ("unit"), either way said as such."""
+    rules = as_rules(rules)
+    if synced.value is None or store_raw is None or same(controller, synced.value):
+        return reconcile(synced, store_raw, store_version, controller, rules)
+
+    if same(parsed(rules.point, store_raw), controller):
+        return Record(controller, store_version)  # the store holds the unit's value already
+
+    def shown(value: PointValue) -> str:
+        return points.encode(rules.point, value).decode()
+
+    back = f"back after an absence with {shown(controller)}, not the synced {shown(synced.value)}"
+    if policy == "unit":
+        why = f"{back}: the unit's value wins (after_absence unit)"
+        return PublishToStore(controller, why, after_absence=True)
+    decision = _apply(store_raw, store_version or Hlc(0, 0, ""), controller, rules)
+    if isinstance(decision, ApplyToController):
+        why = f"{back}: the store's {shown(decision.value)} goes back to it (after_absence store)"
+        return replace(decision, after_absence=why)
+    return decision  # the store's value is the unit's already, or one it cannot take
+
+
+def absence_words(decision: Decision) -> str | None:
+    """What a decision on a unit back from an absence says of it, or None (no such one)."""
+    if isinstance(decision, ApplyToController):
+        return decision.after_absence
+    if isinstance(decision, PublishToStore) and decision.after_absence:
+        return decision.reason
+    return None
 
 
 def went_back(store_version: Hlc | None, known: Hlc | None) -> bool:

@@ -12,6 +12,7 @@ deadband.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -66,9 +67,11 @@ class DeviceSync:
         log: logging.Logger | logging.LoggerAdapter[logging.Logger],
         may_write: Callable[[], bool],
         profile: Profile = SET_POINT_ONLY,
+        after_absence: str = "store",
     ) -> None:
         """`state_file`: the set point's (`<device>.synced.json`); each other point keeps
-        one beside it (`<device>.<point>.synced.json`)."""
+        one beside it (`<device>.<point>.synced.json`). `after_absence`: who wins when the
+        unit comes back from an absence holding other values (decisions.after_absence)."""
         self.device_id = device_id
         self.client = client
         self.lock = lock
@@ -90,7 +93,11 @@ class DeviceSync:
                 log,
                 may_write,
                 self._rules_for(name),
+                after_absence,
             )
+            self.points[name].on_back = functools.partial(self._back, name)
+        self.on_back: Callable[[str, str, Hlc | None], None] = lambda device, words, token: None
+        """Told what was decided on the unit back from an absence (device, words, token)."""
         self.setpoint = self.points["setPoint"]
         self._pair: SetPointPair | None = None
         if set(OTHER) <= set(self.points):
@@ -166,6 +173,15 @@ class DeviceSync:
     def reconcile_soon(self) -> None:
         for point in self.points.values():
             point.reconcile_soon()
+
+    def left_line(self) -> None:
+        """The unit stopped answering (or the line went): once back, its values are judged
+        as a unit's after an absence (decisions.after_absence)."""
+        for point in self.points.values():
+            point.absent = True
+
+    def _back(self, point: str, words: str) -> None:
+        self.on_back(self.device_id, words, self.lock.token)
 
     async def reconcile(self) -> None:
         await asyncio.gather(*(point.reconcile() for point in self.points.values()))

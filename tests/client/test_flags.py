@@ -305,6 +305,7 @@ def agent_flag_samples(tmp_path: Path) -> dict[str, tuple[str, Any]]:
         "--serial-poll-interval-s": ("3", 3.0),
         "--serial-extra-gap-s": ("0.01", 0.01),
         "--serial-probe-interval-s": ("15", 15.0),
+        "--serial-after-absence": ("unit", "unit"),
         "--serial-lock-dir": (str(tmp_path), str(tmp_path)),
         "--serial-modbus-unit-id": ("17", 17),
         "--serial-modbus-setpoint-register": ("40", 40),

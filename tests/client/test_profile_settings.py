@@ -133,6 +133,12 @@ def test_profiles_in_the_devices_file(tmp_path: Path) -> None:
     assert profile.limits("setPoint") == DEFAULT_LIMITS
     assert profile.limits("heatSetPoint") == Limits(5.0, 30.0, 0.5)
     assert profile.points["humidity"].store_deadband == 5.0
+    assert profile.after_absence is None  # the line's AGENT_SERIAL__AFTER_ABSENCE
+    data = json.loads(path.read_text())
+    data["profiles"]["kc"]["after_absence"] = "unit"
+    path.write_text(json.dumps(data))
+    chosen = settings("modbus", devices_file=path).line.profile("t01")
+    assert chosen is not None and chosen.after_absence == "unit"
     assert profile.modbus is not None and profile.line is None
     assert profile.modbus.point("mode") == ModbusPoint(
         4, write_function=16, values={"off": 0, "heat": 1, "cool": 2}
@@ -263,6 +269,10 @@ def test_a_profile_defined_twice_is_refused(tmp_path: Path) -> None:
         ),
         ({**kc(), "colour": "red"}, "profile kc: colour: Extra inputs are not permitted"),
         ({**LINE_PROFILE, "max_gap": 2}, "profile kc: max_gap is for a profile of Modbus"),
+        (
+            {**kc(), "after_absence": "panel"},
+            "profile kc: after_absence: Input should be 'store' or 'unit'",
+        ),
         (
             {**LINE_PROFILE, "points": {**LINE_PROFILE["points"], "mode": {"name": "MODE"}}},
             "profile kc, point mode: its name 'MODE'",

@@ -322,6 +322,10 @@ class World:
             "AGENT_SERIAL__POLL_INTERVAL_S": str(self.poll_interval_s),
             "AGENT_SERIAL__MIN_WRITE_INTERVAL_S": str(self.min_write_interval_s),
             "AGENT_SERIAL__PROBE_INTERVAL_S": str(PROBE_S),
+            # The load changes panels while a unit is away (silent, the line unplugged):
+            # the unit's values win once it is back, as the checker expects of a panel
+            # change (the store's winning instead is tests/agent/test_unit_back.py's).
+            "AGENT_SERIAL__AFTER_ABSENCE": "unit",
             "AGENT_LOCK__TTL_MS": str(self.ttl_ms),
             "AGENT_TELEMETRY__INTERVAL_S": "5",
             "AGENT_LOG_LEVEL": self.log_level,
