@@ -45,7 +45,7 @@ from agent.client.cli import (
 from agent.client.errors import StateStoreError
 from agent.client.session import SessionError
 from agent.client.statestore import StateStoreClient
-from agent.ops import view
+from agent.ops import view, view_text
 from agent.ops.keys import KeyTemplates, key_templates
 from agent.ops.names import EXIT_UNKNOWN, UnknownName
 from agent.ops.retained import Retained
@@ -232,7 +232,7 @@ async def _frame(
         filter_ = health_filter(templates.health)
         return code, f"no agent has reported (no health messages on {filter_})"
     each = max(1, (rows - len(reports) + 1) // len(reports))  # a blank line between two
-    shown = [view.render(r, rows=each, width=size.columns, every=every) for r in reports]
+    shown = [view_text.render(r, rows=each, width=size.columns, every=every) for r in reports]
     return code, "\n\n".join(shown)
 
 

@@ -494,6 +494,7 @@ class Health:
             "last_sync_version": snapshot.last_sync_version,
             "errors": snapshot.errors,
             "points": snapshot.points,
+            "changes": snapshot.changes,
             "slow_ms": snapshot.slow_ms,
             "refused": seen.refused,
             "reconciling": seen.reconciling,

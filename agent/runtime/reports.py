@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from agent.controller.points import encode
 from agent.line.bus import Bus
 from agent.protocol.hlc import Hlc
 from agent.runtime import telemetry
@@ -54,7 +55,24 @@ def device_snapshot(
         },
         slow_ms=None if slow is None else round(slow * 1000, 1),
         points=dict(state.points) if state is not None and state.points else None,
+        changes=changes(sync) or None,
     )
+
+
+def changes(sync: DeviceSync) -> dict[str, dict[str, str | None]]:
+    """Each point's last change (agent.sync.status.LastChange), as telemetry says it."""
+    said: dict[str, dict[str, str | None]] = {}
+    for name, point in sync.points.items():
+        change, value = point.status.change, point.status.synced.value
+        if change is None:
+            continue
+        said[name] = {
+            "value": None if value is None else encode(point.point, value).decode(),
+            "source": change.source,
+            "at": telemetry.iso_time(change.at),
+            "version": None if change.version is None else str(change.version),
+        }
+    return said
 
 
 class LineRate:

@@ -42,6 +42,8 @@ class Snapshot:
     """How long its transactions take, when the unit is slow (polled less often)."""
     points: dict[str, float | str | bool] | None = None
     """The unit's other points as last read (a unit with a profile)."""
+    changes: dict[str, dict[str, str | None]] | None = None
+    """Each point's last change this instance made: its value, source, time and version."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,13 @@ from agent.sync.state_file import StateFile
 from agent.sync.status import PANEL, RESTORE, SyncStatus
 from agent.sync.store_errors import StoreErrors
 
+SOURCES = {
+    PANEL: status.FROM_PANEL,
+    RESTORE: status.RESTORED_AFTER_REFUSAL,
+    status.REMOTE: status.FROM_REMOTE,  # a rounded value: the remote change's
+}
+"""A published value's change source, by the write's origin."""
+
 
 class PointWrites:
     """The writing half of PointSync: what it needs of the sync, and the writes."""
@@ -80,8 +87,12 @@ class PointWrites:
         elif isinstance(decision, Record):
             await self._record(decision.value, decision.version)
         elif isinstance(decision, PublishToStore):
+            source = status.UNITS_AFTER_ABSENCE if decision.after_absence else status.FROM_PANEL
             await self._publish(
-                decision.value, decision.reason, only_if_absent=decision.only_if_absent
+                decision.value,
+                decision.reason,
+                only_if_absent=decision.only_if_absent,
+                source=source,
             )
         elif isinstance(decision, ApplyToController):
             return await self._apply(decision, controller_value, read_after)
@@ -143,6 +154,10 @@ class PointWrites:
         self.status.wrote(status.REMOTE, status.APPLIED, changed_ms=decision.version.wall_ms)
         said = "applied remote %s %s to the controller (version %s)"
         self.log.info(said, self._what, readback, decision.version)
+        restored = decision.after_absence is not None
+        self.status.changed(
+            status.RESTORED_AFTER_ABSENCE if restored else status.FROM_REMOTE, decision.version
+        )
         await self._record(readback, decision.version)
         if decision.correct_store or not decisions.same(readback, decision.value):
             await self._publish(readback, "the controller keeps a rounded value", status.REMOTE)
@@ -157,8 +172,16 @@ class PointWrites:
         return "set point" if self.name == "setPoint" else self.name
 
     async def _publish(
-        self, value: PointValue, why: str, origin: str = PANEL, *, only_if_absent: bool = False
+        self,
+        value: PointValue,
+        why: str,
+        origin: str = PANEL,
+        *,
+        only_if_absent: bool = False,
+        source: str | None = None,
     ) -> None:
+        """`origin` counts the write; `source` is the change's (status.LastChange), by
+        default the origin's."""
         if not self._may_write():
             return
         # The record marking the value goes right behind it on the same connection (both
@@ -216,6 +239,7 @@ class PointWrites:
             return
         said = "published %s %s to the store (%s, version %s)"
         self.log.info(said, self._what, value, why, result.version)
+        self.status.changed(source or SOURCES[origin], result.version)
         await self._record(value, result.version, origin == RESTORE)
 
     async def _record(self, value: PointValue, version: Hlc | None, restores: bool = False) -> None:

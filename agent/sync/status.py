@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from agent.controller.interface import ControllerError, ControllerFault, ControllerUnavailable
+from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Synced
 from agent.tally import Tally
 
@@ -15,6 +16,11 @@ from agent.tally import Tally
 # value back to the store after a refusal) and how it ended.
 REMOTE, PANEL, RESTORE = "remote", "panel", "restore"
 APPLIED, REFUSED, NOT_CONFIRMED, NOT_SENT = "applied", "refused", "not_confirmed", "not_sent"
+# Where a point's last change came from (its change source, as `agent status` shows it).
+FROM_PANEL, FROM_REMOTE = "panel", "remote"
+RESTORED_AFTER_REFUSAL = "restored after a refusal"
+RESTORED_AFTER_ABSENCE = "restored after an absence"
+UNITS_AFTER_ABSENCE = "the unit's after an absence"
 READ_BACK_BOUNDS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 """From a remote change (its version's time) to the controller's read-back."""
 
@@ -30,6 +36,15 @@ class SyncCounters:
     """Writes by (origin, result); a remote change applied, its time to the read-back."""
 
 
+@dataclass(frozen=True, slots=True)
+class LastChange:
+    """A point's last change: where it came from, when (wall clock, s), its store version."""
+
+    source: str
+    at: float
+    version: Hlc | None
+
+
 @dataclass
 class SyncStatus:
     synced: Synced = field(default_factory=Synced)
@@ -38,6 +53,11 @@ class SyncStatus:
     counters: SyncCounters = field(default_factory=SyncCounters)
     pending: tuple[Synced, ...] = ()
     """Remote changes written (or about to be) to the controller, not yet confirmed."""
+    change: LastChange | None = None
+    """The point's last change this process made on either side, and its source."""
+
+    def changed(self, source: str, version: Hlc | None) -> None:
+        self.change = LastChange(source, time.time(), version)
 
     def wrote(self, origin: str, result: str, *, changed_ms: int | None = None) -> None:
         """Counts a write; with `changed_ms` (the remote change's version: the store's clock

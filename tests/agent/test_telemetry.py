@@ -45,6 +45,7 @@ FIELDS = {
     "errors",
     "slow_ms",
     "points",
+    "changes",
 }
 READINGS = ("setpoint", "temperature", "output", "mode", "controller", "fencing_token")
 CLOUDEVENTS = ("specversion", "type", "source", "id", "time")

@@ -1,0 +1,53 @@
+"""Where each point's last change came from (panel, remote, restored after a refusal or an
+absence, as Matter's thermostat keeps a set point's change source): in the active's device
+status, and in `agent status DEVICE`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tests.ops.support import Topics, command, status
+from tests.support.rig import LineRig
+
+LINE = LineRig.LINE
+
+
+def changed(topics: Topics, device: str, source: str) -> dict[str, Any]:
+    """The active's status of `device` once its set point's last change is from `source`."""
+
+    def said(document: dict[str, Any]) -> bool:
+        change = (document.get("changes") or {}).get("setPoint") or {}
+        return bool(change.get("source") == source)
+
+    document: dict[str, Any] = topics.wait(f"devices/{device}/status", said, timeout=20)
+    return document["changes"]["setPoint"]
+
+
+def test_status_says_where_each_points_last_change_came_from(
+    line: LineRig, topics: Topics
+) -> None:
+    line.start_active("a", AGENT_SERIAL__PROBE_INTERVAL_S="0.5", AGENT_HEALTH__INTERVAL_S="1")
+    assert line.remote_set_device(1, b"22.5") == b"+OK\r\n"
+    line.background.call(lambda: line.unit(2).panel_setpoint(19.0))
+    assert line.remote_set_device(3, b"99.0") == b"+OK\r\n"  # above its limit: refused
+    assert line.remote_set_device(4, b"23.0") == b"+OK\r\n"
+    line.wait_line(lambda fake: fake.unit(4).setpoint == 23.0)
+    line.background.call(lambda: line.unit(4).fault("POWERCYCLE", 2.5))
+
+    remote = changed(topics, "t01", "remote")
+    assert remote["value"] == "22.5" and remote["version"] and remote["at"].endswith("Z")
+    assert changed(topics, "t02", "panel")["value"] == "19.0"
+    assert changed(topics, "t03", "restored after a refusal")["value"] == "20.0"
+    assert changed(topics, "t04", "restored after an absence")["value"] == "23.0"
+
+    code, document = status(line, "t01")
+    rows = {d["device"]: d for d in document["lines"][0]["devices"]}
+    assert rows["t01"]["changes"][0].startswith("setPoint 22.5: remote, "), rows["t01"]
+    shown = command(line, "status", "t04")
+    assert re.search(
+        r"^ t04 setPoint 23\.0: restored after an absence, [\d.]+ s ago \(version \d",
+        shown.stdout,
+        re.M,
+    ), shown.stdout
+    assert " t01 setPoint" not in shown.stdout  # only the device asked about
