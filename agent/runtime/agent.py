@@ -336,7 +336,7 @@ class Agent:
     async def _watch_device(self, device_id: str, sync: DeviceSync) -> tuple[bool, bytes | None]:
         """Watches a device's keys (agent.runtime.devices): whether it may be, its record."""
         assert self.client is not None
-        sync.on_back = self.history.unit_back  # a unit back from an absence: in the history
+        sync.note = self.history.device_event  # a unit back, a refusal: in the line's history
         return await watch_device(
             self.client,
             device_id,

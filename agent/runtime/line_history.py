@@ -139,10 +139,11 @@ class LineHistory:
     def resumed(self, token: Hlc | None) -> None:
         self._record(token, "resume", "", self.instance, "resumed: reconciling every device")
 
-    def unit_back(self, device: str, words: str, token: Hlc | None) -> None:
-        """A unit back from an absence with other values than those last synced, and what
-        was done (agent.sync.decisions.after_absence): recorded under the lease `token`."""
-        self._record(token, "unit back", device, "", words)
+    def device_event(self, device: str, event: str, words: str, token: Hlc | None) -> None:
+        """A device's event the history keeps, under the lease `token`: "unit back" (from an
+        absence with other values, and what was done: agent.sync.decisions.after_absence),
+        "refused" (a remote value the unit cannot take; the store got its value back)."""
+        self._record(token, event, device, "", words)
 
     def _record(self, token: Hlc | None, event: str, source: str, to: str, why: str) -> None:
         client = self._client()

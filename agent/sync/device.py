@@ -12,7 +12,6 @@ deadband.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -95,9 +94,9 @@ class DeviceSync:
                 self._rules_for(name),
                 after_absence,
             )
-            self.points[name].on_back = functools.partial(self._back, name)
-        self.on_back: Callable[[str, str, Hlc | None], None] = lambda device, words, token: None
-        """Told what was decided on the unit back from an absence (device, words, token)."""
+            self.points[name].note = self._note
+        self.note: Callable[[str, str, str, Hlc | None], None] = lambda *_: None
+        """Told of what the line's history keeps: (device, event, words, the lease's token)."""
         self.setpoint = self.points["setPoint"]
         self._pair: SetPointPair | None = None
         if set(OTHER) <= set(self.points):
@@ -180,8 +179,8 @@ class DeviceSync:
         for point in self.points.values():
             point.absent = True
 
-    def _back(self, point: str, words: str) -> None:
-        self.on_back(self.device_id, words, self.lock.token)
+    def _note(self, event: str, words: str) -> None:
+        self.note(self.device_id, event, words, self.lock.token)
 
     async def reconcile(self) -> None:
         await asyncio.gather(*(point.reconcile() for point in self.points.values()))

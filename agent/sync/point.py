@@ -101,8 +101,9 @@ class PointSync(PointWrites):
         self.absent = False
         """The unit left the line (unplugged, reset, powered off): the first decision once it
         answers again is decisions.after_absence's."""
-        self.on_back: Callable[[str], None] = lambda words: None
-        """Told what was decided on the unit back from an absence (the line's history)."""
+        self.note: Callable[[str, str], None] = lambda event, words: None
+        """Told of what the line's history keeps (event, words): a unit back from an
+        absence, a remote value refused."""
         synced = state_file.load()
         self.status = SyncStatus(
             synced=synced, pending=decisions.still_pending(state_file.load_pending(), synced)
@@ -436,7 +437,7 @@ class PointSync(PointWrites):
         words = decisions.absence_words(decision)
         if words is not None:
             self.log.warning("%s %s", self._what, words)
-            self.on_back(f"{self.name} {words}")
+            self.note("unit back", f"{self.name} {words}")
         elif not isinstance(decision, ApplyToController | PublishToStore):
             self.absent = False  # the unit holds the synced value
         return decision

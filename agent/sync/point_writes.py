@@ -72,6 +72,7 @@ class PointWrites:
     _unanswered: PointValue | None
     _decide_as_takeover: Synced | None
     _wake: asyncio.Event
+    note: Callable[[str, str], None]
 
     def reconcile_soon(self) -> None:
         raise NotImplementedError
@@ -106,6 +107,7 @@ class PointWrites:
         shown = decision.value[:32].decode("ascii", errors="backslashreplace")
         said = "%s: %s %r refused (%s); the store gets the unit's %s back"
         self.log.warning(said, what, self.name, shown, decision.reason, decision.restore)
+        self.note("refused", f"{self.name} {shown} refused ({decision.reason})")
         # The refusal first, in every record from now on: a writer waiting on the record must
         # not take the restore's sync (no sync since: it answers the refusal) for its value.
         self.record.refused = Refusal(self.name, shown, decision.version, decision.reason)

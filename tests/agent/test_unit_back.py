@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.ops.support import command
+from tests.ops.support import command, status
 from tests.support.rig import ACTIVE, LineRig
 
 LINE = LineRig.LINE
@@ -79,6 +80,16 @@ def test_a_unit_whose_panel_is_the_master_has_its_values_published(rig: LineRig)
     rig.wait_store({2: b"20.0"})
     (entry,) = history(rig)
     assert "the unit's value wins" in entry["why"]
+    # agent status t02 says where its set point came from.
+    deadline = time.monotonic() + 15
+    while True:
+        _, document = status(rig, "t02")
+        (row,) = [d for d in document["lines"][0]["devices"] if d["device"] == "t02"]
+        if row["changes"] and "the unit's after an absence" in row["changes"][0]:
+            break
+        assert time.monotonic() < deadline, row
+        time.sleep(0.2)
+    assert row["changes"][0].startswith("setPoint 20.0: the unit's after an absence, ")
 
 
 def test_a_unit_back_during_a_failover_gets_the_stores_set_point_back(rig: LineRig) -> None:

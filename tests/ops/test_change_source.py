@@ -4,6 +4,7 @@ status, and in `agent status DEVICE`."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -24,9 +25,7 @@ def changed(topics: Topics, device: str, source: str) -> dict[str, Any]:
     return document["changes"]["setPoint"]
 
 
-def test_status_says_where_each_points_last_change_came_from(
-    line: LineRig, topics: Topics
-) -> None:
+def test_status_says_where_each_points_last_change_came_from(line: LineRig, topics: Topics) -> None:
     line.start_active("a", AGENT_SERIAL__PROBE_INTERVAL_S="0.5", AGENT_HEALTH__INTERVAL_S="1")
     assert line.remote_set_device(1, b"22.5") == b"+OK\r\n"
     line.background.call(lambda: line.unit(2).panel_setpoint(19.0))
@@ -41,7 +40,7 @@ def test_status_says_where_each_points_last_change_came_from(
     assert changed(topics, "t03", "restored after a refusal")["value"] == "20.0"
     assert changed(topics, "t04", "restored after an absence")["value"] == "23.0"
 
-    code, document = status(line, "t01")
+    _, document = status(line, "t01")
     rows = {d["device"]: d for d in document["lines"][0]["devices"]}
     assert rows["t01"]["changes"][0].startswith("setPoint 22.5: remote, "), rows["t01"]
     shown = command(line, "status", "t04")
@@ -51,3 +50,15 @@ def test_status_says_where_each_points_last_change_came_from(
         re.M,
     ), shown.stdout
     assert " t01 setPoint" not in shown.stdout  # only the device asked about
+
+    # The line's history keeps the refusal and the unit back, not every change.
+    line.wait_key(
+        f"{LINE}\\history",
+        lambda raw: raw is not None and b"unit back" in raw and b"refused" in raw,
+    )
+    listed = command(line, "history", LINE, "--json")
+    entries = json.loads(listed.stdout)["lines"][LINE]
+    kept = {(e["event"], e["from"]) for e in entries}
+    assert {("refused", "t03"), ("unit back", "t04")} <= kept, entries
+    (refusal,) = [e for e in entries if e["event"] == "refused"]
+    assert refusal["why"] == "setPoint 99.0 refused (99 is above the limit 35)"
