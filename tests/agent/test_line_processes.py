@@ -22,7 +22,6 @@ from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, STANDBY, BackgroundLoop, LineRig, line_rig
 
 UNITS = 32
-QUARANTINED = re.compile(r"(t\d\d): not answering; quarantined")
 
 
 @pytest.fixture
@@ -96,7 +95,8 @@ def test_a_silent_unit_and_a_garbling_unit_do_not_hold_up_the_others(line: LineR
     line.wait_store(all_at(b"20.0", range(1, UNITS + 1)))
     line.background.call(lambda: line.unit(7).fault("SILENT", 600))
     line.background.call(lambda: line.unit(8).fault("GARBAGE", 10_000))
-    assert agent.wait_for_new(QUARANTINED, timeout=10).group(1) == "t07"
+    # Both leave the cycle (t08 for its garbage), in either order.
+    agent.wait_for(re.compile(r"t07: not answering; quarantined"), timeout=10)
     for n in (1, 16, 32):
         line.remote_set_device(n, b"26.0")
     line.wait_line(lambda fake: all(fake.unit(n).setpoint == 26.0 for n in (1, 16, 32)))

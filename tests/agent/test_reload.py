@@ -45,7 +45,8 @@ class FileRig(LineRig):
 def test_a_device_added_and_one_removed_apply_at_once_without_losing_the_lease(
     tmp_path: Path,
 ) -> None:
-    rig = FileRig(tmp_path, 3, ttl_ms=1500)
+    # A lease a loaded machine does not lose by itself: a step-down here is the reload's.
+    rig = FileRig(tmp_path, 3, ttl_ms=3000)
     health = Topics(rig.port, health_topic(rig.LINE, "a"), health_topic(rig.LINE, "b"))
     try:
         active, _ = rig.start_active("a", AGENT_HEALTH__INTERVAL_S="1")
@@ -83,7 +84,7 @@ def test_a_device_added_and_one_removed_apply_at_once_without_losing_the_lease(
             assert not any(STEPPED_DOWN.search(t) for t in process.lines), process.lines
         holder = rig.store_value(rig.lock_key)
         assert holder is not None and holder.startswith(b"a#")
-        assert took < 1.0, took
+        assert took < 2.5, took  # within a lease: nothing waited out
     finally:
         health.close()
         rig.close()

@@ -224,7 +224,7 @@ async def test_each_attempt_times_out_without_connack_and_is_retried(
     )
     session = Session(settings, client_id=unique())
     with pytest.raises(SessionTimeout, match=r"no CONNACK within 0\.3 s"):
-        await session.start(timeout=1.2)
+        await session.start(timeout=2.5)  # room for three attempts on a loaded machine
     attempts = len(broker.connects)
     assert attempts >= 3
     gaps = [b.at - a.at for a, b in zip(broker.connects, broker.connects[1:], strict=False)]

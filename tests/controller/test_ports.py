@@ -38,8 +38,8 @@ def url_of(line: FakeLine, kind: str) -> str:
 def driver_for(line: FakeLine, url: str) -> Driver:
     # Parity N: Linux ptys may refuse parity bits (the fake does not look at them).
     if line.register_map is not None:
-        return ModbusDriver(url, baudrate=19200, parity="N", reply_timeout_s=0.5)
-    return LineDriver(url, baudrate=19200, reply_timeout_s=0.5)
+        return ModbusDriver(url, baudrate=19200, parity="N", reply_timeout_s=2.0)
+    return LineDriver(url, baudrate=19200, reply_timeout_s=2.0)
 
 
 @pytest.mark.parametrize("kind", KINDS)

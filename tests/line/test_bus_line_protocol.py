@@ -389,10 +389,11 @@ async def test_a_quarantined_unit_is_probed_and_rejoins(device: FakeDevice) -> N
         on_availability=lambda name, available: seen.append(available),
     ) as bus:
         handle = bus.device("t1")
-        device.fault("SILENT", 0.6)
+        device.fault("SILENT", 60)  # until cleared: however late the read goes out
         with pytest.raises(ControllerUnavailable):
             await handle.read_state()
         assert seen == [False]
+        device.fault("CLEAR")
         assert await handle.wait_available(5.0)
         assert seen == [False, True]
         assert (await handle.read_state()).setpoint == 20.0
