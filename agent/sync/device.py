@@ -79,6 +79,7 @@ class DeviceSync:
         self.log = log
         self._may_write = may_write
         self.record = DeviceRecord(keys.record, lock, may_write)
+        self.record.away = lambda: any(point.absent for point in self.points.values())
         self.points: dict[str, PointSync] = {}
         for name in profile.writable:
             self.points[name] = PointSync(
@@ -175,9 +176,11 @@ class DeviceSync:
 
     def left_line(self) -> None:
         """The unit stopped answering (or the line went): once back, its values are judged
-        as a unit's after an absence (decisions.after_absence)."""
+        as a unit's after an absence (decisions.after_absence), by whoever drives the line
+        then (the sync record says so, `away`, until the unit is synced again)."""
         for point in self.points.values():
             point.absent = True
+        self._spawn(self.setpoint.write_record())
 
     def _note(self, event: str, words: str) -> None:
         self.note(self.device_id, event, words, self.lock.token)
@@ -296,6 +299,9 @@ class DeviceSync:
         record = self._parse_record(record_raw)
         if record is not None:
             self.record.refused = record.refused
+            if record.away:  # the former active saw the unit leave; nobody saw it back
+                for point in self.points.values():
+                    point.absent = True
         needs = await asyncio.gather(
             *(
                 point.take_over(

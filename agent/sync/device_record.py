@@ -50,6 +50,8 @@ class DeviceRecord:
     entries: dict[str, PointRecord] = field(default_factory=dict)
     limits: dict[str, Limits] = field(default_factory=dict)
     refused: Refusal | None = None
+    away: Callable[[], bool] = lambda: False
+    """The unit left the line and has not synced since (record.SyncRecord.away)."""
     error: Exception | None = None
     """The last write's failure (store error), for the caller's log."""
     _writing: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -194,6 +196,7 @@ class DeviceRecord:
             published=setpoint.published,
             unanswered=setpoint.unanswered,
             published_after=setpoint.published_after,
+            away=self.away(),
         )
         try:
             await self.lock.fenced_set(self.key, raw)

@@ -314,7 +314,10 @@ class PointSync(PointWrites):
                     self.status.synced = base
                 return self._judge(base, store_raw, store_version, value, rules)
 
+            was_absent = self.absent
             decided = await self._run_locked("takeover", decide)
+            if was_absent and not self.absent:
+                await self.write_record()  # away no more, once every point is back
         if decided:
             self.past.decided()
             self.enter_in_record()
@@ -419,12 +422,15 @@ class PointSync(PointWrites):
             except (StateStoreError, SessionError) as exc:
                 self._errors.failed(exc, self.key, "read")
                 return
+            was_absent = self.absent
             await self._run_locked(
                 "reconcile",
                 lambda current, rules: self._judge(
                     self.status.synced, raw, version, current, rules
                 ),
             )
+            if was_absent and not self.absent:
+                await self.write_record()  # away no more, once every point is back
 
     def _judge(
         self, base: Synced, raw: bytes | None, version: Hlc | None, value: PointValue, rules: Rules

@@ -31,6 +31,10 @@ every record after as `"unanswered":28.5`, until the point syncs again: the stor
 Beside `"published"`, `"publishedAfter"` is the token the publish went out with: older than
 the version the store gave it, if it took it. A takeover that watched the key all along
 knows from it whether the store did (see `history.StoreHistory.reached_store`).
+
+`"away":true` says the unit left the line (quarantined, or the line lost) and has not synced
+since: whoever takes over judges it as a unit back from an absence
+(`decisions.after_absence`).
 """
 
 from __future__ import annotations
@@ -96,6 +100,9 @@ class SyncRecord:
     """The set point's: see PointRecord.unanswered."""
     published_after: Hlc | None = None
     """The set point's: see PointRecord.published_after."""
+    away: bool = False
+    """The unit left the line (quarantined, or the line lost) and has not synced since:
+    whoever takes over judges it as a unit back from an absence (decisions.after_absence)."""
 
     def point(self, name: str) -> PointRecord | None:
         if name == "setPoint":
@@ -115,6 +122,7 @@ def encode_record(
     published: PointValue | None = None,
     unanswered: PointValue | None = None,
     published_after: Hlc | None = None,
+    away: bool = False,
 ) -> bytes:
     if synced.value is None or synced.version is None:
         raise ValueError("only a complete sync (value and version) is recorded")
@@ -136,6 +144,8 @@ def encode_record(
             "version": None if refused.version is None else str(refused.version),
             "reason": refused.reason[:MAX_REASON],
         }
+    if away:
+        data["away"] = True
     return json.dumps(data, separators=(",", ":")).encode()
 
 
@@ -192,6 +202,7 @@ def parse_full_record(raw: bytes) -> SyncRecord:
             _parse_published(data, "setPoint"),
             _parse_published(data, "setPoint", "unanswered"),
             _parse_version(data, "publishedAfter"),
+            data.get("away") is True,
         )
     except InvalidRecord:
         raise

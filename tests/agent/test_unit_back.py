@@ -106,3 +106,27 @@ def test_a_unit_back_during_a_failover_gets_the_stores_set_point_back(rig: LineR
     assert found.group(1) == "b"
     rig.wait_line(lambda line: line.unit(2).reset_count == 1 and line.unit(2).setpoint == 22.5)
     assert rig.setpoint_in_store(2) == b"22.5"
+
+
+def test_a_unit_the_former_active_saw_leave_is_restored_by_the_next_one(rig: LineRig) -> None:
+    """The active sees the unit leave and dies; the unit is back, reset, before the standby
+    takes over and reads it at once: the sync record says the unit was away."""
+    active, _ = rig.start_active("a", **PROBED)
+    standby = rig.start_agent("b", **PROBED)
+    set_22_5(rig)
+    standby.wait_for(re.compile("started as standby"))
+    rig.background.call(lambda: rig.unit(2).fault("UNPLUG", 600))
+    active.wait_for_new(re.compile(r"t02: not answering; quarantined"), timeout=15)
+    rig.wait_key("t02\\synced", lambda raw: raw is not None and b'"away":true' in raw)
+    active.signal(signal.SIGKILL)
+
+    def back_reset() -> None:
+        rig.unit(2).fault("CLEAR")
+        rig.unit(2).reset()
+
+    rig.background.call(back_reset)
+    standby.wait_for_new(ACTIVE, timeout=10)
+    assert standby.wait_for_new(RESTORED, timeout=20).group(1) == "b"
+    rig.wait_line(lambda line: line.unit(2).setpoint == 22.5)
+    assert rig.setpoint_in_store(2) == b"22.5"
+    rig.wait_key("t02\\synced", lambda raw: raw is not None and b'"away"' not in raw)

@@ -22,6 +22,7 @@ from agent.sync.decisions import (
     after_absence,
     reconcile,
 )
+from agent.sync.record import encode_record, parse_full_record
 
 LIMITS = Limits(5.0, 35.0, 0.5)
 V1, V2, V3 = Hlc(1000, 0, "s"), Hlc(2000, 0, "s"), Hlc(3000, 0, "s")
@@ -102,3 +103,13 @@ def test_after_an_absence_the_policy_decides_and_says_so(
         assert isinstance(decision, ApplyToController)
         assert decision.value == float(raw) and decision.value != controller
     assert not isinstance(decision, Ignore | Record)
+
+
+def test_the_sync_record_says_a_unit_is_away_until_it_syncs_again() -> None:
+    synced = Synced(22.5, V1)
+    away = parse_full_record(encode_record(synced, away=True))
+    assert away.away and away.synced == synced
+    assert b"away" not in encode_record(synced)
+    assert not parse_full_record(encode_record(synced)).away
+    # An older agent's record, or anything but true, is no absence.
+    assert not parse_full_record(b'{"value":22.5,"version":"%s","away":1}' % str(V1).encode()).away
