@@ -177,7 +177,7 @@ def test_journal_priorities_and_fields(site: PairSite) -> None:
     assert warning["SYSLOG_IDENTIFIER"] == "agent"
     assert warning["MESSAGE"].startswith(f"[{LINE}/{DEVICE} {active}] ")
     assert warning["LINE"] == LINE and warning["ROLE"] == "active"
-    assert warning["CODE_FILE"].endswith("/agent/sync/point.py")
+    assert warning["CODE_FILE"].endswith("/agent/sync/point_writes.py")
     assert warning["CODE_FUNC"] and int(warning["CODE_LINE"]) > 0
     assert warning["_SYSTEMD_UNIT"] == UNIT
     infos = [e for e in entries if e["PRIORITY"] == "6"]
