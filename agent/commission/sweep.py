@@ -79,7 +79,8 @@ class Probe:
     registers: tuple[tuple[str, int, int], ...] = ()
     """Modbus reads: the (point, function, register) the read covers."""
     patient: bool = False
-    """An address whose reply came late: its reply gets a long wait (PATIENT_REPLY_S)."""
+    """An address whose reply came late: its reply gets a long wait (PATIENT_REPLY_S). Set
+    by next_probe(), the one place a probe is handed out."""
 
 
 class Heard(StrEnum):
@@ -174,16 +175,18 @@ class Sweep:
                 return None
             self._address = self._addresses.popleft()
             self._queue.append(self.presence(self._address))
-        return self._queue[0]
+        head = self._queue[0]
+        if head.address in self.result.late and not head.patient:
+            head = self._queue[0] = replace(head, patient=True)
+        return head
 
     def presence(self, address: int, attempt: int = 1) -> Probe:
-        patient = address in self.result.late
         if self.protocol == "line":
             frame = _line(address, lp.GetSetpoint())
         else:
             function, register = self._modbus_points()[0][1:]
             frame = rtu.read_request(address, function, register, 1)
-        return Probe(address, Step.PRESENCE, frame, attempt, patient=patient)
+        return Probe(address, Step.PRESENCE, frame, attempt)
 
     def _modbus_points(self) -> list[tuple[str, int, int]]:
         if self.profile is not None and self.profile.modbus is not None:
@@ -194,12 +197,6 @@ class Sweep:
         return [(name, f, r) for name, (f, r) in DEFAULT_POINTS.items()]
 
     def _follow_ups(self, address: int) -> list[Probe]:
-        probes = self._asks(address)
-        if address in self.result.late:
-            return [replace(p, patient=True) for p in probes]
-        return probes
-
-    def _asks(self, address: int) -> list[Probe]:
         if self.protocol == "line":
             if self.profile is not None and self.profile.line is not None:
                 request: lp.Request = lp.GetPoints()
@@ -285,9 +282,8 @@ class Sweep:
             if answered:
                 found.identity = hearing.text
             elif self.protocol == "modbus":
-                frame = ident.server_id_request(probe.address)
                 self._queue.appendleft(
-                    Probe(probe.address, Step.SERVER_ID, frame, patient=probe.patient)
+                    Probe(probe.address, Step.SERVER_ID, ident.server_id_request(probe.address))
                 )
         elif probe.step is Step.SERVER_ID:
             if answered:
@@ -309,7 +305,7 @@ class Sweep:
                 )
                 for name, function, register in probe.registers
             ]
-            self._queue.extendleft(replace(p, patient=probe.patient) for p in reversed(singles))
+            self._queue.extendleft(reversed(singles))
         else:
             found.missing += [name for name, _, _ in probe.registers]
 
@@ -382,17 +378,9 @@ def reply_complete(protocol: Protocol, probe: Probe, raw: bytes) -> bool:
 def reply_addresses(protocol: Protocol, raw: bytes) -> list[int]:
     """The addresses of the whole, valid replies among `raw` (a line's checksummed replies;
     Modbus frames whose CRC holds), in order."""
-    found: list[int] = []
     if protocol == "line":
-        for line in raw.split(b"\n"):
-            try:
-                frame = lp.salvage_reply(line)
-                address = None if frame is None else lp.split_address(frame.payload)[0]
-            except lp.ProtocolError:
-                continue
-            if address is not None:
-                found.append(address)
-        return found
+        return [address for address, _, _ in _line_replies(raw) if address is not None]
+    found: list[int] = []
     start = 0
     while start + rtu.HEADER_BYTES <= len(raw):
         length = rtu.reply_length(raw[start : start + rtu.HEADER_BYTES])
@@ -414,20 +402,29 @@ def hear(protocol: Protocol, probe: Probe, raw: bytes) -> Hearing:
     return _hear_modbus(probe, raw)
 
 
+def _line_replies(raw: bytes) -> list[tuple[int | None, str, int]]:
+    """Each line of `raw` as (address, payload, length): the address None for a line that is
+    noise or holds no valid checksummed reply."""
+    lines: list[tuple[int | None, str, int]] = []
+    for line in raw.split(b"\n"):
+        address, payload = None, ""
+        if line.strip(b"\r\n\x00 "):
+            try:
+                frame = lp.salvage_reply(line)
+                if frame is not None:
+                    address, payload = lp.split_address(frame.payload)
+            except lp.ProtocolError:
+                address = None
+        lines.append((address, payload, len(line)))
+    return lines
+
+
 def _hear_line(probe: Probe, raw: bytes) -> Hearing:
     replies: list[str] = []
     noise = 0
-    for line in raw.split(b"\n"):
-        if not line.strip(b"\r\n\x00 "):
-            noise += len(line)
-            continue
-        try:
-            frame = lp.salvage_reply(line)
-            address, payload = (None, "") if frame is None else lp.split_address(frame.payload)
-        except lp.ProtocolError:
-            frame, address = None, None
-        if frame is None or address != probe.address:
-            noise += len(line)  # garbage, or another address's reply
+    for address, payload, length in _line_replies(raw):
+        if address != probe.address:
+            noise += length  # noise, garbage, or another address's reply
             continue
         replies.append(payload)
     if len(replies) > 1:

@@ -27,6 +27,10 @@ class PointRules:
     published (None: in telemetry and status only)."""
 
 
+AFTER_ABSENCE = ("store", "unit")
+"""Who may win when a unit comes back from an absence with values other than those synced."""
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     name: str
@@ -48,7 +52,7 @@ class Profile:
             raise ValueError(f"profile {self.name}: unknown points {sorted(unknown)}")
         if "setPoint" not in self.points:
             raise ValueError(f"profile {self.name}: every profile has the setPoint")
-        if self.after_absence not in (None, "store", "unit"):
+        if self.after_absence not in (None, *AFTER_ABSENCE):
             raise ValueError(f"profile {self.name}: after_absence is store or unit")
 
     @property

@@ -220,10 +220,6 @@ def reconcile(
     return Ignore("in sync")
 
 
-AFTER_ABSENCE = ("store", "unit")
-"""Who wins when a unit comes back from an absence with a value other than the synced one."""
-
-
 def after_absence(
     policy: str,
     synced: Synced,
@@ -234,11 +230,15 @@ def after_absence(
 ) -> Decision:
     """The first decision on a unit back from an absence, the store just read. A unit
     that holds the synced value (or a point never synced, or a key the store lacks) is
-    reconciled as ever; one that holds another value gets the store's back (`policy`
-    "store") or has its own published ("unit"), either way said as such."""
+    reconciled as ever, and one found in sync is recorded so (its absence is over); one
+    that holds another value gets the store's back (`policy` "store") or has its own
+    published ("unit"), either way said as such."""
     rules = as_rules(rules)
     if synced.value is None or store_raw is None or same(controller, synced.value):
-        return reconcile(synced, store_raw, store_version, controller, rules)
+        decision = reconcile(synced, store_raw, store_version, controller, rules)
+        if isinstance(decision, Ignore):  # in sync
+            return Record(controller, synced.version)
+        return decision
 
     if same(parsed(rules.point, store_raw), controller):
         return Record(controller, store_version)  # the store holds the unit's value already

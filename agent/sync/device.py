@@ -178,9 +178,12 @@ class DeviceSync:
         """The unit stopped answering (or the line went): once back, its values are judged
         as a unit's after an absence (decisions.after_absence), by whoever drives the line
         then (the sync record says so, `away`, until the unit is synced again)."""
+        self._absent()
+        self._spawn(self.setpoint.write_record())
+
+    def _absent(self) -> None:
         for point in self.points.values():
             point.absent = True
-        self._spawn(self.setpoint.write_record())
 
     def _note(self, event: str, words: str) -> None:
         self.note(self.device_id, event, words, self.lock.token)
@@ -300,8 +303,7 @@ class DeviceSync:
         if record is not None:
             self.record.refused = record.refused
             if record.away:  # the former active saw the unit leave; nobody saw it back
-                for point in self.points.values():
-                    point.absent = True
+                self._absent()
         needs = await asyncio.gather(
             *(
                 point.take_over(

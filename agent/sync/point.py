@@ -45,9 +45,7 @@ from agent.controller.points import Point
 from agent.protocol.hlc import Hlc
 from agent.sync import decisions
 from agent.sync.decisions import (
-    ApplyToController,
     Decision,
-    PublishToStore,
     Rules,
     Synced,
 )
@@ -314,10 +312,7 @@ class PointSync(PointWrites):
                     self.status.synced = base
                 return self._judge(base, store_raw, store_version, value, rules)
 
-            was_absent = self.absent
             decided = await self._run_locked("takeover", decide)
-            if was_absent and not self.absent:
-                await self.write_record()  # away no more, once every point is back
         if decided:
             self.past.decided()
             self.enter_in_record()
@@ -422,21 +417,19 @@ class PointSync(PointWrites):
             except (StateStoreError, SessionError) as exc:
                 self._errors.failed(exc, self.key, "read")
                 return
-            was_absent = self.absent
             await self._run_locked(
                 "reconcile",
                 lambda current, rules: self._judge(
                     self.status.synced, raw, version, current, rules
                 ),
             )
-            if was_absent and not self.absent:
-                await self.write_record()  # away no more, once every point is back
 
     def _judge(
         self, base: Synced, raw: bytes | None, version: Hlc | None, value: PointValue, rules: Rules
     ) -> Decision:
         """A reconcile's decision; on a unit back from an absence, decisions.after_absence's
-        until the point is synced again (a write held back is decided so again)."""
+        until the point is synced again (`_record` ends the absence; a write held back is
+        decided so again)."""
         if not self.absent:
             return decisions.reconcile(base, raw, version, value, rules)
         decision = decisions.after_absence(self.after_absence, base, raw, version, value, rules)
@@ -444,8 +437,6 @@ class PointSync(PointWrites):
         if words is not None:
             self.log.warning("%s %s", self._what, words)
             self.note("unit back", f"{self.name} {words}")
-        elif not isinstance(decision, ApplyToController | PublishToStore):
-            self.absent = False  # the unit holds the synced value
         return decision
 
     async def quiesce(self, timeout: float) -> None:

@@ -249,8 +249,9 @@ class PointWrites:
         (the sync record, for whoever takes over next)."""
         synced = Synced(value, version)
         pending = decisions.still_pending(self.status.pending, synced)
-        self.absent = False  # synced again: the absence is over
-        if (synced, pending) == (self.status.synced, self.status.pending):
+        # Synced again: an absence is over, and the record says so (no longer `away`).
+        ended_absence, self.absent = self.absent, False
+        if (synced, pending) == (self.status.synced, self.status.pending) and not ended_absence:
             return
         self.status.synced, self.status.pending = synced, pending
         self.status.synced_at = time.time()

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import re
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.ops.support import command, status
+from tests.ops.support import Topics, command, status, wait_change
 from tests.support.rig import ACTIVE, LineRig
 
 LINE = LineRig.LINE
@@ -73,23 +72,22 @@ def test_a_power_cycled_unit_gets_the_stores_set_point_back(rig: LineRig) -> Non
 
 
 def test_a_unit_whose_panel_is_the_master_has_its_values_published(rig: LineRig) -> None:
-    active, _ = rig.start_active("a", AGENT_SERIAL__AFTER_ABSENCE="unit", **PROBED)
-    set_22_5(rig)
-    power_cycle(rig, 3.0)
-    active.wait_for_new(PUBLISHED, timeout=15)
-    rig.wait_store({2: b"20.0"})
-    (entry,) = history(rig)
-    assert "the unit's value wins" in entry["why"]
-    # agent status t02 says where its set point came from.
-    deadline = time.monotonic() + 15
-    while True:
+    statuses = Topics(rig.port, "devices/t02/status")
+    try:
+        active, _ = rig.start_active("a", AGENT_SERIAL__AFTER_ABSENCE="unit", **PROBED)
+        set_22_5(rig)
+        power_cycle(rig, 3.0)
+        active.wait_for_new(PUBLISHED, timeout=15)
+        rig.wait_store({2: b"20.0"})
+        (entry,) = history(rig)
+        assert "the unit's value wins" in entry["why"]
+        # agent status t02 says where its set point came from, once the active has said it.
+        wait_change(statuses, "t02", "the unit's after an absence")
         _, document = status(rig, "t02")
         (row,) = [d for d in document["lines"][0]["devices"] if d["device"] == "t02"]
-        if row["changes"] and "the unit's after an absence" in row["changes"][0]:
-            break
-        assert time.monotonic() < deadline, row
-        time.sleep(0.2)
-    assert row["changes"][0].startswith("setPoint 20.0: the unit's after an absence, ")
+        assert row["changes"][0].startswith("setPoint 20.0: the unit's after an absence, ")
+    finally:
+        statuses.close()
 
 
 def test_a_unit_back_during_a_failover_gets_the_stores_set_point_back(rig: LineRig) -> None:

@@ -159,3 +159,18 @@ def publish_retained(rig: Rig, topic: str, payload: bytes) -> None:
     info = rig.client.client.publish(topic, payload, qos=1, retain=True)
     info.wait_for_publish(TIMEOUT)
     assert info.is_published(), f"no PUBACK for {topic} within {TIMEOUT} s"
+
+
+def wait_change(
+    topics: Topics, device: str, source: str, point: str = "setPoint"
+) -> dict[str, Any]:
+    """The active's status of `device` once `point`'s last change is from `source`: that
+    change (value, source, at, version)."""
+
+    def said(document: dict[str, Any]) -> bool:
+        change = (document.get("changes") or {}).get(point) or {}
+        return bool(change.get("source") == source)
+
+    document: dict[str, Any] = topics.wait(f"devices/{device}/status", said, timeout=20)
+    change: dict[str, Any] = document["changes"][point]
+    return change

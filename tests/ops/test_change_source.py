@@ -6,23 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
-from tests.ops.support import Topics, command, status
+from tests.ops.support import Topics, command, status, wait_change
 from tests.support.rig import LineRig
 
 LINE = LineRig.LINE
-
-
-def changed(topics: Topics, device: str, source: str) -> dict[str, Any]:
-    """The active's status of `device` once its set point's last change is from `source`."""
-
-    def said(document: dict[str, Any]) -> bool:
-        change = (document.get("changes") or {}).get("setPoint") or {}
-        return bool(change.get("source") == source)
-
-    document: dict[str, Any] = topics.wait(f"devices/{device}/status", said, timeout=20)
-    return document["changes"]["setPoint"]
 
 
 def test_status_says_where_each_points_last_change_came_from(line: LineRig, topics: Topics) -> None:
@@ -34,11 +22,11 @@ def test_status_says_where_each_points_last_change_came_from(line: LineRig, topi
     line.wait_line(lambda fake: fake.unit(4).setpoint == 23.0)
     line.background.call(lambda: line.unit(4).fault("POWERCYCLE", 2.5))
 
-    remote = changed(topics, "t01", "remote")
+    remote = wait_change(topics, "t01", "remote")
     assert remote["value"] == "22.5" and remote["version"] and remote["at"].endswith("Z")
-    assert changed(topics, "t02", "panel")["value"] == "19.0"
-    assert changed(topics, "t03", "restored after a refusal")["value"] == "20.0"
-    assert changed(topics, "t04", "restored after an absence")["value"] == "23.0"
+    assert wait_change(topics, "t02", "panel")["value"] == "19.0"
+    assert wait_change(topics, "t03", "restored after a refusal")["value"] == "20.0"
+    assert wait_change(topics, "t04", "restored after an absence")["value"] == "23.0"
 
     _, document = status(line, "t01")
     rows = {d["device"]: d for d in document["lines"][0]["devices"]}

@@ -91,7 +91,9 @@ def test_after_an_absence_the_policy_decides_and_says_so(
     decision = after_absence(policy, synced, raw, version, controller, LIMITS)
     ordinary = reconcile(synced, raw, version, controller, LIMITS)
     if synced_value is None or raw is None or controller == synced_value:
-        assert decision == ordinary  # nothing to tell: as ever
+        # Nothing to tell: as ever, in sync recorded as such (the absence is over).
+        in_sync = Record(controller, synced_version)
+        assert decision == (in_sync if isinstance(ordinary, Ignore) else ordinary)
         return
     if float(raw) == controller:
         assert decision == Record(controller, version)  # the store holds it already
