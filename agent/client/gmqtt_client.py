@@ -16,6 +16,10 @@ checked in one place (gmqtt is pinned to 0.8.x):
   log line of it (a traceback) is filtered out; so are its lines about a CONNACK refusal,
   which the session reports (``connack_error``) in the words of the settings to check.
 - A refused CONNACK comes as ``MQTTConnectError`` whose code is in ``_code``.
+- A transport closed before gmqtt has made its connection of it (an attempt cancelled
+  between TCP's connect and the return of ``create_connection``: a stop while connecting)
+  makes gmqtt's protocol raise from the event loop's callbacks: ``_Protocol`` is gmqtt's
+  protocol with that case handled, put in gmqtt's connection module for it to build.
 - gmqtt's property table lacks Authentication Data (0x16), which K8S-SAT authentication needs
   in CONNECT: ``_register_authentication_data()`` adds it (see there for the way upstream).
 
@@ -26,6 +30,7 @@ and this project's ``Message``, never gmqtt's property dictionaries.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -35,6 +40,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import gmqtt  # type: ignore[import-untyped]
+from gmqtt.mqtt import connection as gmqtt_connection  # type: ignore[import-untyped]
 from gmqtt.mqtt.constants import MQTTv50  # type: ignore[import-untyped]
 from gmqtt.mqtt.handler import MQTTConnectError  # type: ignore[import-untyped]
 from gmqtt.mqtt.property import (  # type: ignore[import-untyped]
@@ -43,6 +49,7 @@ from gmqtt.mqtt.property import (  # type: ignore[import-untyped]
     PROPERTIES_BY_NAME,
     Property,
 )
+from gmqtt.mqtt.protocol import BaseMQTTProtocol, MQTTProtocol  # type: ignore[import-untyped]
 
 from agent.client.credentials import Credentials
 from agent.client.session_errors import SettingNames, connack_error, own_names
@@ -78,6 +85,25 @@ def _register_authentication_data() -> None:
 
 
 _register_authentication_data()
+
+
+class _Protocol(MQTTProtocol):  # type: ignore[misc]
+    """gmqtt's protocol, quiet when its transport closes before gmqtt made a connection of
+    it: gmqtt's own tells that connection (None then: AttributeError in a loop callback),
+    and its read loop, left running, fails on the transport it no longer has."""
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._connection is not None:
+            super().connection_lost(exc)
+            return
+        reading: asyncio.Future[None] | None = getattr(self, "_read_loop_future", None)
+        if reading is not None:
+            reading.cancel()
+            self._read_loop_future = None
+        BaseMQTTProtocol.connection_lost(self, exc)
+
+
+gmqtt_connection.MQTTProtocol = _Protocol
 
 
 class _ReportedBySession(logging.Filter):

@@ -689,3 +689,35 @@ async def test_bad_credentials_are_fatal(
         await session.start(timeout=5)
     assert raised.value.reason_code in (0x86, 0x87) and raised.value.fatal
     assert time.monotonic() - started_at < 2  # refused at once, not retried until the timeout
+
+
+async def test_a_session_stopped_while_it_connects_ends_quietly() -> None:
+    """An agent is ready before it is connected, so a stop may come at any moment of a
+    connection attempt. Stopped between TCP's connect and gmqtt's use of it, gmqtt's protocol
+    raised from the event loop's callbacks ('NoneType' object has no attribute
+    'put_package', then 'is_closing'). Each moment of an attempt, one loop turn apart."""
+    loop = asyncio.get_running_loop()
+    raised: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: raised.append(context))
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(1)  # reads nothing, answers nothing
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        for turns in range(16):
+            session = Session(fast_settings(port))
+            await session.start(wait=False)
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            await session.stop()
+            for _ in range(5):  # what the close schedules runs a few turns later
+                await asyncio.sleep(0)
+            assert raised == [], f"stopped {turns} turns into the attempt: {raised}"
+        await asyncio.sleep(0.05)  # and a task that failed unseen is reported by now
+        assert raised == []
+    finally:
+        loop.set_exception_handler(None)
+        server.close()
