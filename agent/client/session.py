@@ -165,6 +165,12 @@ class Session:
         return self._supervisor.error
 
     @property
+    def connect_failure(self) -> str | None:
+        """Why the last attempt to connect failed, while not connected (None: connected, or
+        no attempt has failed yet)."""
+        return self._supervisor.connect_failure
+
+    @property
     def dropped_messages(self) -> int:
         """Messages a coroutine handler lost because it fell ``handler_queue_limit`` behind."""
         return self._dropped

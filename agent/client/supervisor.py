@@ -107,6 +107,14 @@ class Supervisor:
     def error(self) -> SessionError | None:
         return self._error
 
+    @property
+    def connect_failure(self) -> str | None:
+        """Why the last attempt to connect failed, in words, while not connected."""
+        failure = self._last_error
+        if self._connected or failure is None:
+            return None
+        return describe_connect_failure(failure, self._names)
+
     # --- start and stop ---
 
     def start(self, *, fail_fast: bool) -> None:

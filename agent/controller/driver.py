@@ -385,6 +385,20 @@ class PortClaim:
             os.close(self._fd)
             self._fd = None
 
+    @classmethod
+    def of(cls, url: str | None, directory: Path | None) -> PortClaim | None:
+        """The claim taken on a local port (None: not a local port, no directory set, or
+        none to write to, which is said). Raises PortTaken."""
+        if not url or not is_device_path(url) or directory is None:
+            return None
+        claim = cls(url, directory)
+        try:
+            claim.take()
+        except OSError as exc:  # no lock directory to write to: say so, carry on
+            log.warning("cannot claim %s in %s: %s", url, directory, exc)
+            return None
+        return claim
+
 
 class PortTaken(Exception):
     """Another agent on this gateway serves the same port."""

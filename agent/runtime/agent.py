@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -23,7 +22,7 @@ from agent.client.session import ConnectionRefused, Session, SessionError, TlsSe
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.config import AgentSettings, variable_name
 from agent.config.fingerprint import config_hash
-from agent.controller.driver import Driver, PortClaim, PortTaken, is_device_path
+from agent.controller.driver import Driver, PortClaim, PortTaken
 from agent.line.bus import Bus
 from agent.ops.control import SwitchoverRequest
 from agent.pair.leadership import Leadership, Role
@@ -77,6 +76,7 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._clock_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
+        self._jobs_running = False
         self._line_rate = LineRate()
         self._device_views = DeviceViews()
         self._devices_watched = asyncio.Event()  # every device's keys watched (or left out)
@@ -130,7 +130,7 @@ class Agent:
         logs.set_context(line=self.line.id, instance=s.instance_id)
         logs.set_live_fields(self._log_fields)
         try:
-            self._claim_port()
+            self._claim = PortClaim.of(s.serial.url, s.serial.lock_dir)
         except PortTaken as exc:
             log.error("invalid setting AGENT_SERIAL__URL (serial.url): %s", exc)
             return EXIT_CONFIG
@@ -145,7 +145,12 @@ class Agent:
         # Before the broker: a port it cannot listen on is said at start, not after a wait.
         if not await self._start_endpoint():
             return EXIT_CONFIG
-        self.notifier.status(f"connecting to the broker {s.mqtt.host}:{s.mqtt.port}")
+        # Ready as soon as it runs: a start never waits on the broker (systemctl start would
+        # hang for TimeoutStartSec); the status line says what it waits for and what fails.
+        self._spawn(self.health.run())
+        self.notifier.ready(self.health.words())
+        if self.notifier.watchdog_interval_s:
+            self._spawn(self._watchdog(self.notifier.watchdog_interval_s))
         try:
             # Its errors name the settings to check as the agent's are set: variables.
             self.session = Session(
@@ -159,10 +164,10 @@ class Agent:
             return EXIT_CONFIG
         try:
             if not await self._until_stopped(self.session.start(wait=True), stop):
-                await self.session.stop()
-                return EXIT_OK
+                return await self._shutdown()
         except ConnectionRefused as exc:
             log.error("the broker refused the connection: %s", exc)
+            await self._shutdown()
             return EXIT_CONFIG
         self.client = StateStoreClient(self.session, request_timeout_s=s.mqtt.request_timeout_s)
         margin = None if s.lock.safety_margin_ms is None else s.lock.safety_margin_ms / 1000
@@ -223,9 +228,7 @@ class Agent:
                 lambda: self.role is Role.ACTIVE, self.settings.lock.ttl_ms, lambda: self.scheduler
             )
             self._clock_task = asyncio.create_task(clock, name="clock")
-            # Health from before the first contention: a takeover waiting out the previous
-            # lease says so, rather than not reporting at all.
-            self._spawn(self.health.run())
+            self._jobs_running = True
             self._spawn(self.readiness.run(lambda: self.role is Role.ACTIVE, self.health.poke))
             await self.leadership.contend()
             if self.role is Role.ACTIVE:
@@ -233,27 +236,13 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(READY_WAIT_S):
                         await asyncio.gather(*(d.wait_reconciled() for d in self.devices.values()))
-            self.notifier.ready(self.health.words())
+            self.health.poke()
             log.info("started as %s", self.role.value)
             self._add_periodic_jobs()
-            if self.notifier.watchdog_interval_s:
-                self._spawn(self._watchdog(self.notifier.watchdog_interval_s))
             await self._until_stopped(self._ended.wait(), stop)
         finally:
             code = await self._shutdown()
         return self._exit_code if self._exit_code is not None else code
-
-    def _claim_port(self) -> None:
-        url, directory = self.settings.serial.url, self.settings.serial.lock_dir
-        if not url or not is_device_path(url) or directory is None:
-            return
-        claim = PortClaim(url, Path(directory))
-        try:
-            claim.take()
-        except OSError as exc:  # no lock directory to write to: say so, carry on
-            log.warning("cannot claim %s in %s: %s", url, directory, exc)
-            return
-        self._claim = claim
 
     async def _until_stopped(self, work: Awaitable[Any], stop: asyncio.Event) -> bool:
         """Runs `work` unless `stop` comes first; False if stopped."""
@@ -600,6 +589,7 @@ class Agent:
             role=self.role,
             paused=self.control is not None and self.control.paused,
             connected=session is not None and session.connected,
+            broker_failure=session.connect_failure if session is not None else None,
             healthy=self.healthy(),
             line_up=bus.line_up if bus is not None else None,
             token=leadership.token if leadership is not None else None,
@@ -614,8 +604,10 @@ class Agent:
         )
 
     def healthy(self) -> bool:
-        if self.session is None or self.session.error is not None:
+        if self.session is not None and self.session.error is not None:
             return False
+        if not self._jobs_running:  # starting: only the event loop's turning is checked
+            return True
         if self.scheduler is None or not self.scheduler.running:
             return False
         if self._lease_task is None or self._lease_task.done():

@@ -248,6 +248,8 @@ class InstanceView:
     reload_refused: str | None = None
     """Why the last reload was refused, until one loads: the files on disk would fail a
     restart."""
+    broker_failure: str | None = None
+    """Why the last attempt to connect failed, while not connected."""
 
 
 # --------------------------------------------------------------------------- the publisher
@@ -414,7 +416,12 @@ class Health:
         view = view or self._view()
         role = self.role(view)
         if role == "starting":
-            return "starting"
+            if view.connected:
+                return "starting"
+            failure = view.broker_failure
+            return f"connecting to the broker {self.broker}" + self._failing_words(
+                failure and "not connected", failure
+            )
         words = status_words(
             role,
             self.line.id,
@@ -424,15 +431,16 @@ class Health:
         )
         return words + self._failing_words(self.failing(view))
 
-    def _failing_words(self, why: str | None) -> str:
-        """What is wrong and since when, for the unit's status line (systemctl status)."""
+    def _failing_words(self, why: str | None, shown: str | None = None) -> str:
+        """What is wrong and since when, for the unit's status line (systemctl status): since
+        `why` began; `shown` says it in more words (the last attempt's failure, say)."""
         if why is None:
             self._failing_since = None
             return ""
         if self._failing_since is None or self._failing_since[0] != why:
             self._failing_since = (why, time.time())
         since = time.strftime("%H:%M:%S UTC", time.gmtime(self._failing_since[1]))
-        return f"; failing since {since}: {why}"
+        return f"; failing since {since}: {shown or why}"
 
     def instance_document(
         self, status: str = "up", view: InstanceView | None = None

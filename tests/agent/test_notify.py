@@ -121,6 +121,11 @@ def is_ping(n: Notification) -> bool:
     return n.fields.get("WATCHDOG") == "1"
 
 
+def is_active(n: Notification) -> bool:
+    """The status line once the agent is active and its device in sync."""
+    return n.fields.get("STATUS") == f"active for {DEVICE}: in sync"
+
+
 @pytest.fixture
 def listen(tmp_path: Path) -> Iterator[Callable[[str], NotifyListener]]:
     listeners: list[NotifyListener] = []
@@ -137,30 +142,39 @@ def listen(tmp_path: Path) -> Iterator[Callable[[str], NotifyListener]]:
             listener.close()
 
 
-def test_ready_only_after_connected_and_role_decided(
+def test_ready_at_once_and_the_status_line_says_what_the_start_waits_for(
     rig: Rig, listen: Callable[[str], NotifyListener]
 ) -> None:
+    """With the broker down, `systemctl start` hung for TimeoutStartSec: the agent waited
+    for the broker before it said READY. It says READY as it runs, and the truth in STATUS."""
     notify = listen("a")
     rig.broker_down()
     agent = rig.start_agent("a", NOTIFY_SOCKET=notify.address, WATCHDOG_USEC="400000")
-    # Two failed attempts: the agent is up and retrying, and has had every chance to
-    # (wrongly) say it is ready.
+    broker = f"127.0.0.1:{rig.port}"  # which one: it is said
+    ready = notify.wait_for(is_ready)
+    assert ready.fields["STATUS"] == f"connecting to the broker {broker}"
+    failing = notify.wait_for(lambda n: "failing since" in n.fields.get("STATUS", ""))
+    assert re.fullmatch(
+        rf"connecting to the broker {re.escape(broker)}; failing since \d\d:\d\d:\d\d UTC: "
+        r"connection refused: .*",
+        failing.fields["STATUS"],
+    ), failing.fields
+    # Two failed attempts: the watchdog is fed all the while (the loop turns).
     agent.wait_for_new(NOT_CONNECTING)
     agent.wait_for_new(NOT_CONNECTING)
-    before = notify.settled()
-    assert [n.fields for n in before] == [
-        {"STATUS": f"connecting to the broker 127.0.0.1:{rig.port}"}  # which one: it is said
-    ]
+    pings = [n for n in notify.settled() if is_ping(n)]
+    assert pings and pings[0].at - ready.at < 0.4, pings
 
     rig.broker_up()
-    ready = notify.wait_for(is_ready)
-    assert ready.fields["STATUS"] == f"active for {DEVICE}: in sync"
-    agent.wait_for_new(ACTIVE)  # logged before READY was sent
+    active = notify.wait_for(is_active)
+    agent.wait_for_new(ACTIVE)  # logged before the status line said so
     agent.wait_for_new(re.compile("started as active"))
+    assert [n for n in notify.settled() if is_ready(n)] == [ready], "READY is said once"
+    assert active.at > failing.at
 
     other = listen("b")
     standby = rig.start_agent("b", NOTIFY_SOCKET=other.address)
-    assert other.wait_for(is_ready).fields["STATUS"] == f"standby for {DEVICE}"
+    other.wait_for(lambda n: n.fields.get("STATUS") == f"standby for {DEVICE}")
     standby.wait_for_new(re.compile("started as standby"))
     # Without WATCHDOG_USEC there is no watchdog to feed.
     assert not any(is_ping(n) for n in other.settled())
@@ -197,8 +211,7 @@ async def test_stalled_event_loop_stops_the_watchdog_pings(
     stop = asyncio.Event()
     running = asyncio.create_task(Agent(settings, notifier=notifier).run(stop))
     try:
-        ready = await asyncio.to_thread(notify.wait_for, is_ready)
-        assert ready.fields["STATUS"] == f"active for {DEVICE}: in sync"
+        ready = await asyncio.to_thread(notify.wait_for, is_active)
         await asyncio.to_thread(notify.wait_for, lambda n: is_ping(n) and n.at > ready.at)
         await asyncio.to_thread(notify.wait_for, lambda n: is_ping(n) and n.at > ready.at + 0.2)
 
@@ -231,7 +244,7 @@ def test_the_status_line_says_what_is_wrong_since_when_naming_the_broker_or_the_
     they were failing: the status line is the truth too."""
     notify = listen("a")
     rig.start_agent("a", NOTIFY_SOCKET=notify.address)
-    notify.wait_for(is_ready)
+    notify.wait_for(is_active)
     other = listen("b")
     rig.start_agent("b", NOTIFY_SOCKET=other.address, AGENT_SERIAL__URL="/dev/ttyNOPE0")
     failing = r"; failing since \d\d:\d\d:\d\d UTC: "
@@ -254,7 +267,7 @@ def test_the_status_line_says_what_is_wrong_since_when_naming_the_broker_or_the_
 def test_sigterm_sends_stopping(rig: Rig, listen: Callable[[str], NotifyListener]) -> None:
     notify = listen("a")
     agent = rig.start_agent("a", NOTIFY_SOCKET=notify.address, WATCHDOG_USEC="400000")
-    ready = notify.wait_for(is_ready)
+    ready = notify.wait_for(is_active)
     agent.signal(signal.SIGTERM)
     stopping = notify.wait_for(lambda n: n.fields.get("STOPPING") == "1")
     assert stopping.at > ready.at
@@ -263,3 +276,19 @@ def test_sigterm_sends_stopping(rig: Rig, listen: Callable[[str], NotifyListener
     agent.wait_for_new(re.compile("released the lock"))
     # Nothing claims readiness again on the way out.
     assert not any(is_ready(n) for n in notify.settled() if n.at > stopping.at)
+
+
+def test_sigterm_while_connecting_stops_at_once_and_quietly(
+    rig: Rig, listen: Callable[[str], NotifyListener]
+) -> None:
+    """Ready before the broker answers, so `systemctl stop` may come while it connects."""
+    notify = listen("a")
+    rig.broker_down()
+    agent = rig.start_agent("a", NOTIFY_SOCKET=notify.address)
+    notify.wait_for(is_ready)
+    agent.wait_for_new(NOT_CONNECTING)
+    agent.signal(signal.SIGTERM)
+    assert notify.wait_for(lambda n: n.fields.get("STOPPING") == "1").fields["STATUS"] == "stopping"
+    assert agent.proc.wait(10) == 0
+    agent.drain()
+    assert not [line for line in agent.lines if "Traceback" in line or "ERROR" in line]

@@ -39,6 +39,7 @@ from tests.deploy.pair import (
     lock_watch,
     store_set,
 )
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.gateway, pytest.mark.timeout(600)]
 
@@ -502,6 +503,38 @@ def test_a_configuration_error_fails_the_unit_with_78_and_no_restarts(site: Pair
         cursor = gateway.cursor()
         gateway.run("systemctl", "reset-failed", UNIT)
         gateway.run("systemctl", "start", UNIT)
+        site.wait_standby(standby, cursor)
+
+
+def test_a_start_without_the_broker_returns_at_once_and_says_why(site: PairSite) -> None:
+    """With the broker gone, `systemctl start` hung for TimeoutStartSec, then the start was
+    retried for ever, saying only `connecting to the broker`: the start returns at once and
+    the status line names the broker and what fails."""
+    _, standby = site.roles()
+    gateway = site[standby]
+    env_file = gateway.path(ENV_FILE)
+    good = env_file.read_text()
+    closed = free_port()  # nothing listens there: each attempt is refused
+    env_file.write_text(good + f"AGENT_MQTT__PORT={closed}\n")
+    try:
+        started = time.monotonic()
+        gateway.run("systemctl", "restart", UNIT)
+        assert time.monotonic() - started < 10
+        assert gateway.unit(UNIT, "ActiveState") == "active"
+        deadline = time.monotonic() + 15
+        while "failing since" not in (status := gateway.unit(UNIT, "StatusText")):
+            assert time.monotonic() < deadline, status
+            time.sleep(0.2)
+        assert re.fullmatch(
+            rf"connecting to the broker {re.escape(site.host)}:{closed}; failing since "
+            r"\d\d:\d\d:\d\d UTC: connection refused: nothing accepts connections there",
+            status,
+        ), status
+        assert gateway.unit(UNIT, "NRestarts") == "0"
+    finally:
+        env_file.write_text(good)
+        cursor = gateway.cursor()
+        gateway.run("systemctl", "restart", UNIT)
         site.wait_standby(standby, cursor)
 
 

@@ -123,7 +123,7 @@ def test_restarts_on_failure_but_not_on_a_bad_configuration(unit: dict) -> None:
     assert (burst - 1) * (restart + CRASH_S) < interval
     # ...while what operators and playbooks do never does. systemd counts every start: three
     # crashes and three manual starts (issue 13) are 7 starts with the first, far below the
-    # burst; so are starts that time out waiting for the broker, again and again.
+    # burst; so are starts that time out, again and again.
     assert burst >= 2 * 7
     assert (int(one(unit, "Service", "TimeoutStartSec")) + restart) * burst > interval
     # systemd 252 (Debian 12) has no RestartSteps= or RestartMaxDelaySec=.
