@@ -561,3 +561,61 @@ def test_ansible_role_reads_the_installed_version_as_dpkg_query_prints_it(tmp_pa
     assert evaluate(tmp_path, expression, agent_dpkg_query={"stdout": printed}) == version
     gone = {"stdout": "un  "}
     assert evaluate(tmp_path, expression, agent_dpkg_query=gone) == ""
+
+
+# --------------------------------------------------------------------------- Ansible: a start
+
+STARTED_LINE = ANSIBLE / "roles" / "agent" / "files" / "started_line.py"
+
+
+@pytest.fixture
+def started_line(monkeypatch: pytest.MonkeyPatch) -> Any:
+    spec = importlib.util.spec_from_file_location("started_line", STARTED_LINE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module.time, "sleep", lambda _: None)
+    return module
+
+
+def started_with(started_line: Any, states: list[tuple[str, str]]) -> tuple[int, str]:
+    """What started_line.py says of a unit going through `states` (ActiveState, StatusText),
+    the last one for as long as it is asked."""
+
+    def run(*args: str) -> str:
+        assert args[:2] == ("systemctl", "show") and args[-1] == "agent@floor3.service", args
+        state, status = states.pop(0) if len(states) > 1 else states[0]
+        return f"ActiveState={state}\nStatusText={status}\n"
+
+    started_line.run = run
+    return started_line.wait("floor3", 0.2)  # type: ignore[no-any-return]
+
+
+def test_started_line_waits_until_the_agent_names_its_role(started_line: Any) -> None:
+    """The agent is ready as soon as it runs: the play waits for its role instead."""
+    connecting = "connecting to the broker 10.0.0.5:1883"
+    states = [
+        ("activating", ""),
+        ("active", connecting),
+        ("active", "starting"),
+        ("active", "standby for line floor3 (8 devices)"),
+    ]
+    assert started_with(started_line, states) == (0, "floor3: standby for line floor3 (8 devices)")
+
+
+def test_started_line_fails_with_the_status_line_when_the_agent_cannot_connect(
+    started_line: Any,
+) -> None:
+    status = (
+        "connecting to the broker 10.0.0.5:1883; failing since 10:02:03 UTC: "
+        "connection refused: nothing accepts connections there"
+    )
+    code, said = started_with(started_line, [("active", status)])
+    assert code == 2
+    assert said == f"floor3: not active nor standby after 0 s: {status}"
+
+
+def test_started_line_fails_when_the_agent_stops(started_line: Any) -> None:
+    code, said = started_with(started_line, [("activating", ""), ("failed", "")])
+    unit = "agent@floor3.service"
+    assert (code, said) == (2, f"floor3: the agent is failed: see journalctl -u {unit}")
