@@ -2,7 +2,7 @@
 parallel, as pytest's addopts say), beside its bound of 4 minutes and beside the same suite
 run serially (`-n 0`), in one run of this script.
 
-    python -m tests.bench.bench_suite [--no-serial] [--repeat N] [--beside 'COMMAND']
+    python -m tests.bench.bench_suite [--no-serial] [--repeat N] [--beside 'COMMAND'] [--keep DIR]
 
 `--beside` runs a command next to the suite for the whole run (a soak, say, to see the suite
 on a loaded machine) and stops it after; the suite must pass all the same. `--repeat` runs the
@@ -42,7 +42,7 @@ class Run:
     returncode: int
 
 
-def run_suite(name: str, *extra: str) -> Run:
+def run_suite(name: str, *extra: str, keep: Path | None = None) -> Run:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10"]
@@ -54,6 +54,11 @@ def run_suite(name: str, *extra: str) -> Run:
         timeout=3600,
     )
     wall = time.monotonic() - started
+    if keep is not None:  # the whole report, for a failure's details
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / f"{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}.txt").write_text(
+            done.stdout + done.stderr
+        )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     found = SUMMARY.search(done.stdout)
@@ -68,6 +73,7 @@ def main() -> int:
     parser.add_argument("--no-serial", action="store_true", help="skip the serial run")
     parser.add_argument("--beside", help="a command to run beside the suite (a soak, say)")
     parser.add_argument("--repeat", type=int, default=1, help="parallel runs in a row")
+    parser.add_argument("--keep", type=Path, help="a directory to keep each run's whole report in")
     options = parser.parse_args()
 
     beside = None
@@ -81,10 +87,11 @@ def main() -> int:
         )
     try:
         runs = [
-            run_suite(f"parallel (the README's command) #{n + 1}") for n in range(options.repeat)
+            run_suite(f"parallel (the README's command) #{n + 1}", keep=options.keep)
+            for n in range(options.repeat)
         ]
         if not options.no_serial:
-            runs.append(run_suite("serial (-n 0)", "-n", "0"))
+            runs.append(run_suite("serial (-n 0)", "-n", "0", keep=options.keep))
     finally:
         if beside is not None:
             os.killpg(beside.pid, signal.SIGTERM)
