@@ -5,16 +5,24 @@ Any pyserial URL works: a device path (/dev/ttyUSB0, /dev/serial/by-id/...), ope
 exclusively; socket://host:port and rfc2217://host:port for serial device servers.
 Blocking; called from the bus's thread only.
 
-pyserial (pinned at 3.5) is reached into once: a read's timeout is set on the port's
-`_timeout` rather than through the `timeout` property, whose setter reconfigures the port
-(a tcsetattr on a tty, a round of RFC 2217 negotiation with the serial device server) on
-every read.
+pyserial (pinned at 3.5) opens, configures, flushes and closes the port. A tty's and a
+socket://'s bytes are read and written here, on its descriptor (`fd`, `_socket`): one wait
+and one system call where pyserial's loops take several a frame (a read of what has come,
+then another that finds nothing), and a write whose bytes all went out is never a timeout
+(pyserial's raises one when its thread was kept off the CPU past the write timeout, after
+the bytes went out, and looks again for room it no longer needs). What a read takes past the
+bytes asked for is kept for the next (`_ahead`): a reply's header and body are one read.
+RFC 2217 goes through pyserial, with a read's timeout set on the port's `_timeout` rather
+than through the `timeout` property, whose setter reconfigures the port (a round of RFC 2217
+negotiation with the serial device server) on every read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import select
 import socket
 import struct
 import termios
@@ -54,6 +62,12 @@ class SerialPort:
         # Catch a bad URL scheme, baud rate or parity now rather than retry it forever.
         serial.serial_for_url(url, do_not_open=True, **self._settings)
         self._port: serial.Serial | None = None
+        self._fd: int | None = None
+        """The open port's descriptor, read and written here (None: through pyserial)."""
+        self._socket: socket.socket | None = None
+        """socket://'s socket (its descriptor is `_fd`)."""
+        self._ahead = bytearray()
+        """Bytes read past what the last read asked for."""
 
     @property
     def is_open(self) -> bool:
@@ -78,10 +92,16 @@ class SerialPort:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.rfc2217 and sock is not None:
             sock.settimeout(WRITE_TIMEOUT_S)  # its reader thread takes a timeout in stride
+        elif sock is not None:  # socket://: pyserial made it non-blocking
+            self._socket, self._fd = sock, sock.fileno()
+        elif isinstance(getattr(self._port, "fd", None), int):  # a tty, opened O_NONBLOCK
+            self._fd = self._port.fd
         log.debug("opened %s", self.url)
 
     def close(self) -> None:
         port, self._port = self._port, None
+        self._fd, self._socket = None, None
+        self._ahead.clear()
         if port is None:
             return
         # pyserial's socket:// close() skips closing the socket when shutdown() fails,
@@ -126,6 +146,7 @@ class SerialPort:
                 port.reset_input_buffer()
         except PORT_ERRORS as exc:
             raise LinkLost(str(exc)) from exc
+        self._ahead.clear()
 
     def send(self, frame: bytes, last_look: Callable[[], bool] | None = None) -> None:
         """Writes `frame` within WRITE_TIMEOUT_S, or aborts the port (LinkLost).
@@ -134,7 +155,10 @@ class SerialPort:
         if last_look is not None and not last_look():
             raise GateClosed(f"{self.url}: not sent (the lease ended before the first byte)")
         try:
-            port.write(frame)
+            if self._fd is None:
+                port.write(frame)
+            else:
+                self._write_all(self._fd, frame)
         except serial.SerialTimeoutException as exc:
             self.abort()
             raise LinkLost(f"{self.url}: a write did not go out in {WRITE_TIMEOUT_S} s") from exc
@@ -144,10 +168,48 @@ class SerialPort:
         self.stats.transactions += 1
         self.stats.bytes_sent += len(frame)
 
+    def _write_all(self, fd: int, frame: bytes) -> None:
+        """All of `frame` handed to the descriptor; a timeout only when some of it still
+        finds no room WRITE_TIMEOUT_S after the start."""
+        give_up = time.monotonic() + WRITE_TIMEOUT_S
+        rest = memoryview(frame)
+        while True:
+            with contextlib.suppress(BlockingIOError):
+                sent = self._socket.send(rest) if self._socket is not None else os.write(fd, rest)
+                rest = rest[sent:]
+            if not rest:
+                return
+            left = give_up - time.monotonic()
+            if left <= 0 or not select.select([], [fd], [], left)[1]:
+                raise serial.SerialTimeoutException("write timeout")
+
+    def _read_fd(self, fd: int, size: int, deadline: float) -> bytes:
+        if not self._ahead:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return b""
+            try:
+                chunk = self._socket.recv(4096) if self._socket is not None else os.read(fd, 4096)
+            except BlockingIOError:  # woken with nothing to read after all
+                return b""
+            if not chunk:
+                raise LinkLost(f"{self.url}: readable, but nothing came (disconnected?)")
+            self._ahead += chunk
+        taken = bytes(self._ahead[:size])
+        del self._ahead[:size]
+        return taken
+
     def read(self, size: int, deadline: float) -> bytes:
         """Up to `size` bytes: waits for the first until `deadline` (monotonic), then takes
         what has come without waiting. b"" when nothing came in time."""
         port = self._open_port()
+        if self._fd is not None:
+            try:
+                chunk = self._read_fd(self._fd, size, deadline)
+            except PORT_ERRORS as exc:
+                raise LinkLost(str(exc)) from exc
+            self.stats.bytes_received += len(chunk)
+            return chunk
         try:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -5,15 +5,21 @@ served by the simulator with line time emulated."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
+import socket
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import serial  # type: ignore[import-untyped]
 
-from agent.controller.driver import Driver, Unit
+from agent.controller.driver import Driver, LinkStats, Unit
 from agent.controller.line_driver import LineDriver
 from agent.controller.modbus_driver import ModbusDriver
+from agent.controller.port import SerialPort
 from agent.simulator.line import FakeLine
 
 KINDS = ["pty", "socket", "rfc2217"]
@@ -84,5 +90,52 @@ async def test_a_serial_device_servers_socket_sends_each_request_at_once(
     try:
         sock = port._port._socket  # type: ignore[union-attr]
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        port.close()
+
+
+@pytest.fixture(params=["pty", "socket"])
+def far_end(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[], bytes]]]:
+    """A port's URL and a way to read, at its far end, what was written to it."""
+    if request.param == "pty":
+        master, slave = os.openpty()
+        try:
+            yield os.ttyname(slave), lambda: os.read(master, 100)
+        finally:
+            os.close(master)
+            os.close(slave)
+        return
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        accepted: list[socket.socket] = []
+
+        def read() -> bytes:
+            if not accepted:
+                accepted.append(server.accept()[0])
+            return accepted[0].recv(100)
+
+        try:
+            yield f"socket://127.0.0.1:{server.getsockname()[1]}", read
+        finally:
+            for connection in accepted:
+                connection.close()
+
+
+def test_a_write_that_went_out_is_no_timeout_however_late_its_thread_ran(
+    far_end: tuple[str, Callable[[], bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyserial's write looks at the clock after the bytes went out: a thread kept off the
+    CPU past the write timeout meanwhile (a loaded gateway) got 'write timeout' for a write
+    that was made, and the agent dropped the line to reopen it ('line lost')."""
+    url, read = far_end
+    port = SerialPort(url, LinkStats(), baudrate=9600)
+    port.open()
+    try:
+        late = itertools.count(time.monotonic(), 1.0)  # a second later at every look
+        monkeypatch.setattr(time, "monotonic", lambda: next(late))
+        monkeypatch.setattr(serial.serialutil.Timeout, "TIME", staticmethod(lambda: next(late)))
+        port.send(b"@1 GET SP\r\n")
+        monkeypatch.undo()
+        assert read() == b"@1 GET SP\r\n"
+        assert port.is_open
     finally:
         port.close()
