@@ -23,6 +23,7 @@ from agent.commission.sweep import (
     Sweep,
     SweepResult,
     longest_reply,
+    others_before,
     reply_complete,
 )
 from agent.controller.driver import LinkLost, LinkStats, is_device_path
@@ -168,9 +169,17 @@ def _exchange(
     sent = time.monotonic()
     # The reply's first byte is due a turnaround after the request's last one.
     reply_s = timeouts.reply_s(probe)
-    raw = port.read(MAX_HEARD, sent + timing.chars_s(len(probe.frame)) + reply_s)
-    while raw and not reply_complete(protocol, probe, raw) and len(raw) < MAX_HEARD:
-        more = port.read(MAX_HEARD - len(raw), time.monotonic() + timeouts.gap_s)
+    window_ends = sent + timing.chars_s(len(probe.frame)) + reply_s
+    raw = port.read(MAX_HEARD, window_ends)
+    while raw and len(raw) < MAX_HEARD:
+        # Other addresses' late replies come first sometimes: the probe's own may follow
+        # them within its window (taking theirs for its reply put the sweep out of step).
+        own = raw[others_before(protocol, probe.address, raw) :]
+        if own and reply_complete(protocol, probe, own):
+            break
+        more = port.read(
+            MAX_HEARD - len(raw), window_ends if not own else time.monotonic() + timeouts.gap_s
+        )
         if not more:
             break  # a reply cut short, or garbage: the line fell quiet
         raw += more

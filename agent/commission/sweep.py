@@ -226,10 +226,12 @@ class Sweep:
         if not self._queue or self._queue[0] != probe:
             raise ValueError("record() the probe next_probe() gave")
         self._queue.popleft()
-        hearing = hear(self.protocol, probe, raw)
+        # Late replies to earlier probes first, then (maybe) this probe's own.
+        others = others_before(self.protocol, probe.address, raw)
+        hearing = hear(self.protocol, probe, raw[others:])
         if hearing.heard is Heard.SILENT:
             self._unanswered.add(probe.address)
-        else:
+        if others or hearing.heard is not Heard.SILENT:
             self.heard_late(raw, besides=probe.address)  # an earlier reply, come later still
         result = self.result
         result.probes += 1
@@ -373,6 +375,26 @@ def reply_complete(protocol: Protocol, probe: Probe, raw: bytes) -> bool:
         return True
     length = rtu.reply_length(raw[: rtu.HEADER_BYTES])
     return length is not None and len(raw) >= length
+
+
+def others_before(protocol: Protocol, address: int, raw: bytes) -> int:
+    """How many of `raw`'s first bytes are whole, valid replies from other addresses: late
+    replies to earlier probes, come in this probe's window before its own reply."""
+    start = 0
+    if protocol == "line":
+        while (end := raw.find(b"\n", start)) >= 0:
+            replies = _line_replies(raw[start : end + 1])
+            if not replies or replies[0][0] in (None, address):
+                break
+            start = end + 1
+        return start
+    while start + rtu.HEADER_BYTES <= len(raw):
+        length = rtu.reply_length(raw[start : start + rtu.HEADER_BYTES])
+        frame = raw[start : start + length] if length else b""
+        if not length or len(frame) < length or rtu.crc(frame) != 0 or frame[0] == address:
+            break
+        start += length
+    return start
 
 
 def reply_addresses(protocol: Protocol, raw: bytes) -> list[int]:

@@ -20,6 +20,7 @@ from agent.commission.sweep import (
     Sweep,
     hear,
     judge,
+    others_before,
     reply_complete,
 )
 from agent.config.profiles import read_devices_file
@@ -192,6 +193,35 @@ def test_a_reply_after_its_timeout_has_its_address_asked_again_at_the_end(
     assert all(not f.missing for f in result.found)
     assert sorted(result.late) == sorted(late)
     assert not result.collisions
+
+
+@given(
+    protocol=st.sampled_from(["line", "modbus"]),
+    others=st.lists(st.integers(1, 20), max_size=3),
+    address=st.integers(21, 30),
+    answered=st.booleans(),
+)
+def test_other_addresses_late_replies_before_a_probes_own_are_set_aside(
+    protocol: Protocol, others: list[int], address: int, answered: bool
+) -> None:
+    """Behind a slow unit, replies to earlier probes of other addresses come in a probe's
+    window before its own: taken for its reply, they put the sweep out of step (each
+    follow-up heard the previous request's reply). They are set aside, the own reply heard,
+    and their addresses, unanswered before, asked again."""
+    line = model_line(protocol, {*others, address})
+    stale = b"".join(line(Sweep(protocol, [o], Settings(9600), SIM).presence(o)) for o in others)
+    sweep = Sweep(protocol, [*dict.fromkeys(others), address], Settings(9600), SIM)
+    for _ in dict.fromkeys(others):  # each unanswered in its own window
+        probe = sweep.next_probe()
+        assert probe is not None
+        sweep.record(probe, b"", 0.06)
+    probe = sweep.next_probe()
+    assert probe is not None and probe.address == address
+    own = line(probe) if answered else b""
+    assert others_before(protocol, address, stale + own) == len(stale)
+    hearing = sweep.record(probe, stale + own, 0.01)
+    assert hearing.heard is (Heard.ANSWER if answered else Heard.SILENT)
+    assert sorted(sweep.result.late) == sorted(set(others))
 
 
 def test_a_unit_found_that_goes_silent_once_is_asked_again() -> None:
