@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.ops.support import Topics, command, status, wait_change
+from tests.support.processes import AgentProcess
 from tests.support.rig import ACTIVE, LineRig
 
 LINE = LineRig.LINE
@@ -44,8 +45,21 @@ def set_22_5(rig: LineRig) -> None:
     rig.wait_line(lambda line: line.unit(2).setpoint == 22.5)
 
 
-def power_cycle(rig: LineRig, seconds: float) -> None:
-    rig.background.call(lambda: rig.unit(2).fault("POWERCYCLE", seconds))
+def unplug(rig: LineRig) -> None:
+    """t02's power goes: it is silent until plug_back()."""
+    rig.background.call(lambda: rig.unit(2).fault("POWERCYCLE", 600))
+
+
+def plug_back(rig: LineRig, seen_by: AgentProcess) -> None:
+    """Once `seen_by` has seen t02 leave (however slow the machine: a power cycle of fixed
+    length could end first), it comes back at its factory values."""
+    seen_by.wait_for_new(re.compile(r"t02: not answering; quarantined"), timeout=15)
+    rig.background.call(lambda: rig.unit(2).fault("CLEAR"))
+
+
+def power_cycle(rig: LineRig, seen_by: AgentProcess) -> None:
+    unplug(rig)
+    plug_back(rig, seen_by)
 
 
 def history(rig: LineRig) -> list[dict[str, str]]:
@@ -59,7 +73,7 @@ def history(rig: LineRig) -> list[dict[str, str]]:
 def test_a_power_cycled_unit_gets_the_stores_set_point_back(rig: LineRig) -> None:
     active, _ = rig.start_active("a", **PROBED)
     set_22_5(rig)
-    power_cycle(rig, 3.0)
+    power_cycle(rig, active)
     active.wait_for_new(RESTORED, timeout=15)
     rig.wait_line(lambda line: line.unit(2).reset_count == 1 and line.unit(2).setpoint == 22.5)
     assert rig.setpoint_in_store(2) == b"22.5"  # the factory 20.0 never published
@@ -76,7 +90,7 @@ def test_a_unit_whose_panel_is_the_master_has_its_values_published(rig: LineRig)
     try:
         active, _ = rig.start_active("a", AGENT_SERIAL__AFTER_ABSENCE="unit", **PROBED)
         set_22_5(rig)
-        power_cycle(rig, 3.0)
+        power_cycle(rig, active)
         active.wait_for_new(PUBLISHED, timeout=15)
         rig.wait_store({2: b"20.0"})
         (entry,) = history(rig)
@@ -97,9 +111,10 @@ def test_a_unit_back_during_a_failover_gets_the_stores_set_point_back(rig: LineR
     standby.wait_for(re.compile("started as standby"))
     # The active dies and the unit power-cycles: it is silent when the standby takes over,
     # back at its factory values after.
-    power_cycle(rig, 4.0)
+    unplug(rig)
     active.signal(signal.SIGKILL)
     standby.wait_for_new(ACTIVE, timeout=10)
+    plug_back(rig, standby)
     found = standby.wait_for_new(RESTORED, timeout=20)
     assert found.group(1) == "b"
     rig.wait_line(lambda line: line.unit(2).reset_count == 1 and line.unit(2).setpoint == 22.5)

@@ -14,13 +14,19 @@ LINE = LineRig.LINE
 
 
 def test_status_says_where_each_points_last_change_came_from(line: LineRig, topics: Topics) -> None:
-    line.start_active("a", AGENT_SERIAL__PROBE_INTERVAL_S="0.5", AGENT_HEALTH__INTERVAL_S="1")
+    active, _ = line.start_active(
+        "a", AGENT_SERIAL__PROBE_INTERVAL_S="0.5", AGENT_HEALTH__INTERVAL_S="1"
+    )
     assert line.remote_set_device(1, b"22.5") == b"+OK\r\n"
     line.background.call(lambda: line.unit(2).panel_setpoint(19.0))
     assert line.remote_set_device(3, b"99.0") == b"+OK\r\n"  # above its limit: refused
     assert line.remote_set_device(4, b"23.0") == b"+OK\r\n"
     line.wait_line(lambda fake: fake.unit(4).setpoint == 23.0)
-    line.background.call(lambda: line.unit(4).fault("POWERCYCLE", 2.5))
+    # A power cycle that ends once the agent has seen the unit leave, however slow the
+    # machine (one of fixed length could end first: the unit's reset a panel change then).
+    line.background.call(lambda: line.unit(4).fault("POWERCYCLE", 600))
+    active.wait_for(re.compile(r"t04: not answering; quarantined"), timeout=15)
+    line.background.call(lambda: line.unit(4).fault("CLEAR"))
 
     remote = wait_change(topics, "t01", "remote")
     assert remote["value"] == "22.5" and remote["version"] and remote["at"].endswith("Z")
