@@ -228,7 +228,10 @@ async def test_each_attempt_times_out_without_connack_and_is_retried(
     attempts = len(broker.connects)
     assert attempts >= 3
     gaps = [b.at - a.at for a, b in zip(broker.connects, broker.connects[1:], strict=False)]
-    assert all(gap >= 0.28 for gap in gaps), gaps
+    # Each attempt waited out its 0.3 s (a retry at once would come after the 10-20 ms
+    # backoff); the broker's clock sees each CONNECT as late as a loaded loop reads it, so
+    # one gap may look shorter by that much (0.274 s was seen).
+    assert all(gap >= 0.2 for gap in gaps), gaps
     # The client hung up every half-open connection it gave up on.
     await broker.wait_for(lambda: broker.closed_by_client == attempts)
 
