@@ -120,6 +120,9 @@ class StateStoreClient:
         # of observed keys.
         self._undelivered: dict[bytes, list[KeyChange]] = {}
         self._undelivered_event = asyncio.Event()
+        # How many times each key's queued changes were handed over (see handed_over).
+        self._hand_overs: dict[bytes, int] = {}
+        self._handed = asyncio.Event()
         # Per observed key, see delivered_since.
         self._delivered_since: dict[bytes, Hlc | None] = {}
         self._delivery: asyncio.Task[None] | None = None
@@ -463,7 +466,10 @@ class StateStoreClient:
                 await self._undelivered_event.wait()
                 continue
             key = next(iter(self._undelivered))
-            for change in self._undelivered.pop(key):
+            changes = self._undelivered.pop(key)
+            self._hand_overs[key] = self._hand_overs.get(key, 0) + 1
+            self._handed.set()
+            for change in changes:
                 handler = self._observed.get(key)
                 if handler is None:
                     break
@@ -473,6 +479,22 @@ class StateStoreClient:
                         await result
                 except Exception:
                     log.exception("change handler failed for %r", change.key)
+
+    async def handed_over(self, timeout: float) -> bool:
+        """Waits until every change queued now has been handed to its handler (False after
+        `timeout`). A change that superseded others takes the oldest one's turn, so a key's
+        newest change may be handed over before another key's that came earlier: a
+        decision on the first (a standby taking a released lock) that depends on the
+        second (a switchover naming another standby) waits for it here."""
+        waited = {key: self._hand_overs.get(key, 0) for key in self._undelivered}
+        try:
+            async with asyncio.timeout(timeout):
+                while any(self._hand_overs.get(k, 0) == n for k, n in waited.items()):
+                    self._handed.clear()
+                    await self._handed.wait()
+        except TimeoutError:
+            return False
+        return True
 
     async def _resync(self) -> None:
         """On every connect: catch up in the background, so other hooks need not wait."""

@@ -35,6 +35,10 @@ from agent.tally import Tally
 log = logging.getLogger("agent")
 
 
+HEAR_FIRST_S = 0.2
+"""The longest a standby waits, after a release, for what the store said before it."""
+
+
 class Role(enum.Enum):
     STARTING = "starting"
     STANDBY = "standby"
@@ -420,7 +424,15 @@ class Leadership:
             self.lock_delay.seen_released(time.monotonic())
             self._released.set()
             if self.role is Role.STANDBY:
-                self._spawn(self.contend())  # take over now
+                self._spawn(self._contend_once_heard())  # take over now
+
+    async def _contend_once_heard(self) -> None:
+        """Contends for a lock just released, once what the store said before the release
+        has been heard: a switchover that names another standby is set before its holder
+        releases the lock, but a lagging delivery could hand the release over first (the
+        lock's change takes the turn of an older renewal queued before the switchover's)."""
+        await self.client.handed_over(timeout=HEAR_FIRST_S)
+        await self.contend()
 
     def saw_holder(self, holder: bytes | None, *, asked_at: float | None = None) -> None:
         """The lock's holder, as read from the store (not a live notification) by a request

@@ -362,6 +362,60 @@ async def test_a_delete_is_not_superseded_by_a_set_after_it(
     assert watcher._undelivered == {}
 
 
+async def test_what_came_before_a_change_is_heard_once_it_is_handed_over(
+    connect: Callable[..., asyncio.Future[StateStoreClient]],
+) -> None:
+    """A switchover to c, then the lock's release, while the standby b's deliveries lagged
+    behind a busy handler: the release took the turn of a renewal queued before the
+    switchover, and b contended before hearing of the switchover (it took the line, not c).
+    What b decides on the release waits for what was queued before it (handed_over)."""
+    watcher, writer = await connect("watcher"), await connect("writer")
+    busy_key, lock, device, switchover = unique(), unique(), unique(), unique()
+    busy, release = asyncio.Event(), asyncio.Event()
+    heard: list[bytes | None] = []
+    request: list[bytes | None] = [None]
+    decided = asyncio.get_running_loop().create_future()
+
+    async def busy_handler(change: KeyChange) -> None:
+        busy.set()
+        await release.wait()
+
+    async def decide() -> None:  # what the standby does on the release, as a task
+        assert await watcher.handed_over(timeout=5)
+        decided.set_result(request[0])
+
+    deciding: list[asyncio.Task[None]] = []
+
+    def lock_handler(change: KeyChange) -> None:
+        if change.kind == "DELETE":
+            deciding.append(asyncio.ensure_future(decide()))
+
+    async def device_handler(change: KeyChange) -> None:
+        heard.append(change.value)
+        await asyncio.sleep(0)  # a handler that yields, between the two
+
+    def switchover_handler(change: KeyChange) -> None:
+        request[0] = change.value
+
+    for key, handler in (
+        (busy_key, busy_handler),
+        (lock, lock_handler),
+        (device, device_handler),
+        (switchover, switchover_handler),
+    ):
+        await watcher.observe(key, handler)
+    await writer.set(busy_key, b"1")
+    await asyncio.wait_for(busy.wait(), 5)  # deliveries held up from here
+    await writer.set(lock, b"a")  # a renewal
+    await writer.set(device, b"21.0")
+    await writer.set(switchover, b"to c")
+    await writer.delete(lock)  # takes the renewal's turn, before the switchover's
+    await watcher.get(lock)  # a round trip: every notification is in by now
+    release.set()
+    assert await asyncio.wait_for(decided, 5) == b"to c"
+    assert heard == [b"21.0"]
+
+
 async def test_delivered_since_tells_from_which_version_no_change_was_missed(
     connect: Callable[..., asyncio.Future[StateStoreClient]],
 ) -> None:
