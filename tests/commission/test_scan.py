@@ -123,7 +123,9 @@ def test_a_unit_slower_than_the_reply_timeout_is_found_and_said_late(
     found = re.findall(r"^  @(\d+) +\S.* 8/8 points of sim", result.stdout, re.M)
     assert found == ["1", "2", "3"], result.stdout
     assert re.search(r"^  @2 +LATE: answered after the reply timeout", result.stdout, re.M)
-    assert "@1    LATE" not in result.stdout  # (3 waited for 2's reply: late too, or not)
+    # Others may be late too: 3 waits for 2's reply, and on a loaded machine any unit can
+    # miss a 60 ms timeout. That only the addresses heard late are asked again is the
+    # sweep's own test (tests/commission/test_sweep.py).
 
 
 def test_each_setting_is_tried_on_a_local_port_but_not_on_a_socket(
