@@ -232,8 +232,9 @@ async def test_each_attempt_times_out_without_connack_and_is_retried(
     # backoff); the broker's clock sees each CONNECT as late as a loaded loop reads it, so
     # one gap may look shorter by that much (0.274 s was seen).
     assert all(gap >= 0.2 for gap in gaps), gaps
-    # The client hung up every half-open connection it gave up on.
-    await broker.wait_for(lambda: broker.closed_by_client == attempts)
+    # The client hung up every half-open connection it gave up on (the broker may read the
+    # last attempt's CONNECT only now, on a loaded machine: each read one counts).
+    await broker.wait_for(lambda: broker.closed_by_client == len(broker.connects))
 
 
 async def test_200_concurrent_qos1_publishes_through_receive_maximum_20(
