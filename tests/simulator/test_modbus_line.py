@@ -190,25 +190,27 @@ async def test_a_frame_glued_to_the_last_one_is_a_framing_error_and_a_unit_takes
     before the line was quiet for 3.5 character times gets no answer (as on a real line)."""
     from agent.controller import modbus_rtu as rtu
 
-    line = FakeLine(2, modbus=True, emulate_baud=9600, turnaround_s=0.005, time_constant_s=1e6)
+    # 1200 baud: a silent interval of 32 ms, which a loaded machine's stalls do not reach
+    # (at 9600 it is 4 ms, and a late writer was no longer glued).
+    line = FakeLine(2, modbus=True, emulate_baud=1200, turnaround_s=0.005, time_constant_s=1e6)
     await line.start(tcp_port=0)
     try:
         assert line.tcp_url is not None
         host, port = line.tcp_url.removeprefix("socket://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
         request = rtu.read_request(1, rtu.READ_HOLDING, 0, 2)
-        char_s = 11 / 9600
-        writer.write(request)
+        char_s = 11 / 1200
+        # Two requests in one write: the second comes in while the first is answered, so
+        # it starts before the line was quiet after that reply: glued. No answer; counted.
+        writer.write(request + request)
         reply = await asyncio.wait_for(reader.readexactly(9), 2)
         assert rtu.parse_reply(request, reply) is not None
-        record = line.records[-1]
-        assert record.busy_s == pytest.approx((8 + 9) * char_s + 0.005, rel=0.01)
-        # At once after the reply: glued to it. No answer; counted.
-        writer.write(request)
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(reader.readexactly(1), 0.3)
+            await asyncio.wait_for(reader.readexactly(1), 0.5)
+        record = line.records[0]  # the first request's: its reply after its turnaround
+        assert record.busy_s == pytest.approx((8 + 9) * char_s + 0.005, rel=0.01)
         assert line.counters.framing_errors == 1
-        # After a silent interval (3.5 characters, 4 ms at 9600): answered again.
+        # After a silent interval (3.5 characters, 32 ms at 1200): answered again.
         await asyncio.sleep(3.5 * char_s * 2)
         writer.write(request)
         assert rtu.parse_reply(request, await asyncio.wait_for(reader.readexactly(9), 2))
