@@ -76,7 +76,6 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._clock_task: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None
-        self._jobs_running = False
         self._line_rate = LineRate()
         self._device_views = DeviceViews()
         self._devices_watched = asyncio.Event()  # every device's keys watched (or left out)
@@ -228,7 +227,6 @@ class Agent:
                 lambda: self.role is Role.ACTIVE, self.settings.lock.ttl_ms, lambda: self.scheduler
             )
             self._clock_task = asyncio.create_task(clock, name="clock")
-            self._jobs_running = True
             self._spawn(self.readiness.run(lambda: self.role is Role.ACTIVE, self.health.poke))
             await self.leadership.contend()
             if self.role is Role.ACTIVE:
@@ -606,7 +604,7 @@ class Agent:
     def healthy(self) -> bool:
         if self.session is not None and self.session.error is not None:
             return False
-        if not self._jobs_running:  # starting: only the event loop's turning is checked
+        if self._clock_task is None:  # starting: only the event loop's turning is checked
             return True
         if self.scheduler is None or not self.scheduler.running:
             return False

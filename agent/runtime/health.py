@@ -419,9 +419,8 @@ class Health:
             if view.connected:
                 return "starting"
             failure = view.broker_failure
-            return f"connecting to the broker {self.broker}" + self._failing_words(
-                failure and "not connected", failure
-            )
+            why = None if failure is None else "not connected"
+            return f"connecting to the broker {self.broker}" + self._failing_words(why, failure)
         words = status_words(
             role,
             self.line.id,

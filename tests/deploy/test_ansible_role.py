@@ -370,14 +370,19 @@ class FakeGateway:
         raise AssertionError(args)
 
 
-@pytest.fixture
-def reload_line(monkeypatch: pytest.MonkeyPatch) -> Any:
-    spec = importlib.util.spec_from_file_location("reload_line", RELOAD_LINE)
+def role_script(path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """One of the role's scripts, loaded as a module, its waits made instant."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(module.time, "sleep", lambda _: None)
     return module
+
+
+@pytest.fixture
+def reload_line(monkeypatch: pytest.MonkeyPatch) -> Any:
+    return role_script(RELOAD_LINE, monkeypatch)
 
 
 def agent_said(text: str, pid: str = "42") -> dict[str, str]:
@@ -570,12 +575,7 @@ STARTED_LINE = ANSIBLE / "roles" / "agent" / "files" / "started_line.py"
 
 @pytest.fixture
 def started_line(monkeypatch: pytest.MonkeyPatch) -> Any:
-    spec = importlib.util.spec_from_file_location("started_line", STARTED_LINE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module.time, "sleep", lambda _: None)
-    return module
+    return role_script(STARTED_LINE, monkeypatch)
 
 
 def started_with(started_line: Any, states: list[tuple[str, str]]) -> tuple[int, str]:
