@@ -30,13 +30,15 @@ async def line(request: pytest.FixtureRequest) -> AsyncIterator[FakeLine]:
         await fake.stop()
 
 
-def driver_for(line: FakeLine, baudrate: int = 9600) -> Driver:
+def driver_for(
+    line: FakeLine, baudrate: int = 9600, reply_timeout_s: float = REPLY_TIMEOUT_S
+) -> Driver:
     assert line.tcp_url is not None
     if line.register_map is not None:
         return ModbusDriver(
-            line.tcp_url, baudrate=baudrate, parity="N", reply_timeout_s=REPLY_TIMEOUT_S
+            line.tcp_url, baudrate=baudrate, parity="N", reply_timeout_s=reply_timeout_s
         )
-    return LineDriver(line.tcp_url, baudrate=baudrate, reply_timeout_s=REPLY_TIMEOUT_S)
+    return LineDriver(line.tcp_url, baudrate=baudrate, reply_timeout_s=reply_timeout_s)
 
 
 async def test_a_late_reply_is_waited_out_even_after_a_request_the_gate_held_back(
@@ -70,11 +72,17 @@ async def test_another_units_late_reply_costs_no_wait(line: FakeLine) -> None:
     takes its time) is still to answer: unit 2's reply is told apart by its address,
     discarded, and unit 1's is read; nothing is counted as corrupt (three corrupt replies
     in a row quarantine a healthy unit), and unit 1's own reply is not left on the line
-    to pass for the answer to its next request."""
-    driver = driver_for(line)
+    to pass for the answer to its next request.
+
+    Unit 2's reply comes a third of a reply timeout after its deadline, unit 1's two
+    thirds after its request: a timeout long enough that a loaded machine's delays (the
+    driver's thread scheduled late takes a late reply already waiting for its own) stay
+    inside those margins."""
+    timeout_s = 0.9
+    driver = driver_for(line, reply_timeout_s=timeout_s)
     reply_wait_ms = driver.reply_wait_s(driver.poll_frame[0]) * 1000
-    line.unit(2).fault("LATE", round(reply_wait_ms + 0.3 * REPLY_TIMEOUT_S * 1000))
-    line.unit(1).fault("SLOW", round(0.6 * REPLY_TIMEOUT_S * 1000))
+    line.unit(2).fault("LATE", round(reply_wait_ms + timeout_s / 3 * 1000))
+    line.unit(1).fault("SLOW", round(2 * timeout_s / 3 * 1000))
     line.unit(1).panel_setpoint(24.0)
 
     def session() -> list[float]:
