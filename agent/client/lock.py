@@ -288,10 +288,16 @@ class LeasedLock:
         if not result.applied or result.version is None:
             return None
         if self._token is not None and result.version < self._token:
-            # Cannot happen with a faithful service; never hand out an older token. (Equal
-            # is fine: fenced_set may have adopted this renewal's version already.)
-            log.error("lock %s: token did not increase (%s)", show_key(self.key), result.version)
-            return None
+            # Our value, set at an older version: the answer to an earlier request of ours
+            # (overlapping renewals), handled after a later one's. The lease is held, at the
+            # newer token; never hand out the older one. (Equal is fine: fenced_set may have
+            # adopted this renewal's version already.)
+            log.debug(
+                "lock %s: an older answer (%s) after a newer one",
+                show_key(self.key),
+                result.version,
+            )
+            return self._token
         # From the send time: the store's expiry started no earlier than that.
         deadline = sent_at + ttl_ms / 1000 - self.margin_s(ttl_ms)
         if deadline <= self._monotonic():

@@ -97,6 +97,11 @@ class Leadership:
         self._spawn = spawn
         self._active_epoch: int | None = None
         self._role_change = asyncio.Lock()
+        # One contention at a time: the start's and the lease clock's would each send a SET
+        # NEX, the second a renewal of the first, and their answers may be handled in either
+        # order (an older grant after a newer one is no grant: a lock delay waited for
+        # nothing, and the start said "standby" for an instance that took over).
+        self._contending = asyncio.Lock()
         self._renewals: set[asyncio.Future[Any]] = set()
         self._contender: asyncio.Future[Any] | None = None
         self._duplicates_reported: set[bytes] = set()
@@ -186,6 +191,12 @@ class Leadership:
     # ------------------------------------------------------------------ contending
 
     async def contend(self) -> None:
+        """Tries to take the lock, and takes over when granted; a contention already in
+        progress is waited for, not joined by a second request."""
+        async with self._contending:
+            await self._contend()
+
+    async def _contend(self) -> None:
         if self.role is not Role.STANDBY or self.lock.held or self.hold_off():
             return
         if not self._link_can_hold():

@@ -335,6 +335,36 @@ async def test_overlapping_renewals_keep_the_lease_and_a_late_answer_does_not_re
     assert losses.reasons == [LossReason.DEADLINE_PASSED]
 
 
+async def test_an_older_answer_handled_after_a_newer_one_keeps_the_lease(
+    connect: Connect, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two acquisitions of ours at once (the second a renewal of the first), the first one's
+    # answer handled last: the lease is held at the newer token, and neither call says
+    # "someone else holds it" (was: None and an ERROR "token did not increase").
+    client = await connect("a")
+    lock = LeasedLock(client, lock_key(), "a#1")
+    second_answered = asyncio.Event()
+    real_set = client.set
+    calls = itertools.count()
+
+    async def set_first_answer_last(*args: Any, **kwargs: Any) -> Any:
+        first = next(calls) == 0
+        result = await real_set(*args, **kwargs)
+        if first:
+            await asyncio.wait_for(second_answered.wait(), 5)
+        else:
+            second_answered.set()
+        return result
+
+    client.set = set_first_answer_last  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING)
+    older, newer = await asyncio.gather(lock.try_acquire(5000), lock.try_acquire(5000))
+    assert older is not None and newer is not None
+    assert older == newer == lock.token and lock.held
+    assert await lock.current_holder() == b"a#1"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_holder_values_identify_the_process() -> None:
     first, second = process_holder("gw1"), process_holder("gw1")
     assert first != second
