@@ -12,6 +12,12 @@ transactions the driver made in the window, and its split into user and system t
 it the whole process's. `--profile` adds the functions the bus thread spent its time in
 (cProfile) and its calls a transaction.
 
+Beside each cell, its floor on this machine: a thread of Python that does only what a
+transaction must, on the same fake line (the driver's own request bytes, precomputed, written
+with one os.write, the reply awaited with select and read until it is whole, the line's
+silent interval waited out on a timed wait), and nothing else: no decoding, no checks, no
+gate, no bus. What the bus costs above it is its own work.
+
 Where the whole agent's figure is (the bus with the sync, the store and health beside it):
 tests/bench/bench_write_path.py.
 """
@@ -30,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.controller import line_protocol as lp
+from agent.controller import modbus_rtu as rtu
 from agent.controller.driver import Driver, Unit
 from agent.controller.line_driver import LineDriver
 from agent.controller.modbus_driver import ModbusDriver
@@ -63,6 +71,83 @@ def start_fake(protocol: str, baud: int, units: int, link: Path) -> subprocess.P
     assert fake.stdout is not None
     fake.stdout.readline()  # ready
     return fake
+
+
+def requests_of(driver: Driver, units: int) -> list[tuple[bytes, int]]:
+    """Each unit's poll: its request's bytes and its reply's length (0: up to a newline)."""
+    polls: list[tuple[bytes, int]] = []
+    for n in range(1, units + 1):
+        if isinstance(driver, ModbusDriver):
+            m, reads = driver._unit_map(Unit(f"t{n:02}", n))
+            for function, first, count in reads:
+                request = rtu.read_request(m.unit_id, function, first, count)
+                polls.append((request, rtu.reply_bytes(request)))
+        else:
+            line = lp.encode_line(lp.with_address(n, lp.format_request(lp.GetState())))
+            polls.append((line, 0))
+    return polls
+
+
+def floor_loop(
+    fd: int, polls: list[tuple[bytes, int]], silent_s: float, stop: Any, counted: list[int]
+) -> None:
+    """The floor: the polls' system calls and waits in a thread of Python, nothing more."""
+    import select
+    import threading
+
+    pause = threading.Event()
+    while not stop.is_set():
+        for request, length in polls:
+            os.write(fd, request)
+            got = b""
+            while True:
+                ready, _, _ = select.select([fd], [], [], 1.0)
+                if not ready:
+                    break
+                got += os.read(fd, 512)
+                if (length and len(got) >= length) or (not length and got.endswith(b"\n")):
+                    break
+            counted[0] += 1
+            pause.wait(silent_s)
+
+
+async def floor_cell(protocol: str, baud: int, units: int, seconds: float) -> float:
+    """The floor's CPU a transaction (ms), on a fake line of its own."""
+    import termios
+    import threading
+
+    link = Path(tempfile.mkdtemp(prefix="bus-floor-")) / "line"
+    fake = await asyncio.to_thread(start_fake, protocol, baud, units, link)
+    try:
+        driver: Driver = (ModbusDriver if protocol == "modbus" else LineDriver)(
+            str(link), baudrate=baud, parity="N"
+        )
+        polls = requests_of(driver, units)
+        fd = os.open(str(link), os.O_RDWR | os.O_NOCTTY)
+        attrs = termios.tcgetattr(fd)
+        attrs[3] &= ~(termios.ICANON | termios.ECHO | termios.ISIG | termios.IEXTEN)
+        attrs[0] &= ~(termios.ICRNL | termios.IXON)
+        attrs[1] &= ~termios.OPOST
+        termios.tcsetattr(fd, termios.TCSANOW, attrs)
+        stop = threading.Event()
+        counted = [0]
+        thread = threading.Thread(
+            target=floor_loop, args=(fd, polls, driver.timing.silent_s, stop, counted)
+        )
+        thread.start()
+        await asyncio.sleep(1.0)
+        tid = thread.native_id
+        assert tid is not None
+        before = (counted[0], thread_run_s(tid))
+        await asyncio.sleep(seconds)
+        after = (counted[0], thread_run_s(tid))
+        stop.set()
+        await asyncio.to_thread(thread.join, 5)
+        os.close(fd)
+    finally:
+        fake.terminate()
+        fake.wait(10)
+    return 1000 * (after[1] - before[1]) / max(1, after[0] - before[0])
 
 
 async def cell(protocol: str, baud: int, units: int, seconds: float, profile: bool) -> str:
@@ -104,9 +189,10 @@ async def cell(protocol: str, baud: int, units: int, seconds: float, profile: bo
     process_ms = 1000 * (after[2] - before[2]) / count
     user, system = (split_after[i] - split_before[i] for i in (0, 1))
     verdict = "met" if bus_ms <= BOUND_MS else "MISSED"
+    floor_ms = await floor_cell(protocol, baud, units, seconds)
     line = (
         f"{protocol:7} {baud:6} {units:4} {count:6} {bus_ms:9.3f} {BOUND_MS:6.1f} {verdict:7}"
-        f" {user:5.2f} {system:5.2f} {process_ms:9.3f}"
+        f" {user:5.2f} {system:5.2f} {process_ms:9.3f} {floor_ms:9.3f}"
     )
     if profiler is not None:
         stats = pstats.Stats(profiler)
@@ -126,7 +212,7 @@ async def main() -> None:
     print(f"machine: {os.cpu_count()} cores, load {load_average()}")
     print(
         f"{'proto':7} {'baud':>6} {'N':>4} {'tx':>6} {'bus ms/tx':>9} {'bound':>6} {'':7}"
-        f" {'user':>5} {'sys':>5} {'proc ms/tx':>9}"
+        f" {'user':>5} {'sys':>5} {'proc ms/tx':>9} {'floor ms/tx':>9}"
     )
     for protocol in options.protocols.split(","):
         for baud in parse_list(options.bauds):
