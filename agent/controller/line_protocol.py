@@ -59,6 +59,13 @@ def checksum(data: bytes) -> int:
     return functools.reduce(operator.xor, data, 0)
 
 
+# The codec's functions of a line are memoised (bounded): a line polls the same units with
+# the same requests, and their replies repeat while a unit's reading holds still, so a
+# transaction's encoding and decoding is done once per distinct line, not per poll. (What
+# they return is immutable; what they raise is not kept.)
+CODEC_MEMO = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """The payload of one line, and whether it carried a (valid) checksum."""
@@ -67,6 +74,7 @@ class Frame:
     checksummed: bool
 
 
+@functools.lru_cache(maxsize=CODEC_MEMO)
 def encode_line(payload: str, *, with_checksum: bool = True) -> bytes:
     """The bytes on the wire for `payload`: `payload*HH\\r\\n` (or without `*HH`)."""
     data = payload.encode("ascii")
@@ -111,6 +119,11 @@ def salvage_reply(line: bytes) -> Frame | None:
     ChecksumError or FramingError if it holds text but no valid checksummed frame:
     that is a corrupted reply, not noise.
     """
+    return _salvage_reply(bytes(line))  # (a bytearray is no memo's key)
+
+
+@functools.lru_cache(maxsize=CODEC_MEMO)
+def _salvage_reply(line: bytes) -> Frame | None:
     content = line.rstrip(b"\r\n")
     # A reply starts with an upper-case keyword or an address prefix (@); try each such
     # position, earliest first, so that a prefix of line noise is skipped. The checksum
@@ -190,6 +203,7 @@ def with_address(address: int | None, payload: str) -> str:
     return f"@{address} {payload}"
 
 
+@functools.lru_cache(maxsize=CODEC_MEMO)
 def split_address(payload: str) -> tuple[int | None, str]:
     """(address, rest) of a payload: (None, payload) when it has no `@<n> ` prefix.
 
@@ -317,6 +331,7 @@ _SIMPLE_REQUESTS: dict[tuple[str, ...], Request] = {
 _GET_TARGETS = frozenset({"SP", "T", "STATE", "LIMITS", "POINTS"})
 
 
+@functools.lru_cache(maxsize=CODEC_MEMO)
 def format_request(request: Request) -> str:
     if isinstance(request, SetSetpoint):
         return f"SET SP {format_number(request.value)}"
@@ -514,6 +529,7 @@ def _parse_points(fields: list[str]) -> PointsReply:
     return PointsReply(tuple(pairs))
 
 
+@functools.lru_cache(maxsize=CODEC_MEMO)
 def parse_reply(payload: str) -> Reply:
     """The reply in a payload; raises ProtocolError for anything unexpected."""
     words = payload.split()

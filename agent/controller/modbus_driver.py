@@ -148,7 +148,9 @@ class ModbusDriver(Driver):
             known = self._maps[unit.name] = (unit, m, plan_reads(_state_registers(m)))
         return known[1], known[2]
 
-    def _transact(self, unit: Unit, what: str, request: bytes, gate: Gate) -> list[int] | None:
+    def _transact(
+        self, unit: Unit, what: str, request: bytes, gate: Gate
+    ) -> tuple[int, ...] | None:
         """One request and its reply: the registers read, or None for a write's echo."""
         lasts_s = self.transaction_s(len(request), rtu.reply_bytes(request))
         reply = self._exchange(unit, what, request, self._replies, lasts_s, gate)

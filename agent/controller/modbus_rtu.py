@@ -18,6 +18,7 @@ time: see the README's figures.)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 READ_HOLDING = 3
@@ -68,6 +69,13 @@ def _check_unit(unit_id: int) -> None:
         raise ValueError(f"unit id must be 1..247, not {unit_id}")
 
 
+# The codec's functions of a frame are memoised (bounded): a line polls the same units with
+# the same requests, and their replies repeat while a unit's reading holds still, so most of
+# a transaction's encoding, CRCs and decoding is done once per distinct frame, not per poll.
+CODEC_MEMO = 1024
+
+
+@functools.lru_cache(maxsize=CODEC_MEMO)
 def read_request(unit_id: int, function: int, first: int, count: int) -> bytes:
     _check_unit(unit_id)
     if function not in (READ_HOLDING, READ_INPUT):
@@ -118,9 +126,14 @@ class ExceptionReply:
     code: int
 
 
-def parse_reply(request: bytes, reply: bytes) -> list[int] | ExceptionReply | None:
+def parse_reply(request: bytes, reply: bytes) -> tuple[int, ...] | ExceptionReply | None:
     """The registers a read returned, None for a write's echo, or the unit's refusal.
     FrameError for anything else."""
+    return _parse_reply(bytes(request), bytes(reply))  # (a bytearray is no memo's key)
+
+
+@functools.lru_cache(maxsize=CODEC_MEMO)
+def _parse_reply(request: bytes, reply: bytes) -> tuple[int, ...] | ExceptionReply | None:
     if len(reply) < 4 or crc(reply) != 0:
         raise FrameError(f"a bad CRC or a reply cut short: {reply.hex(' ')}")
     if reply[0] != request[0]:
@@ -135,7 +148,7 @@ def parse_reply(request: bytes, reply: bytes) -> list[int] | ExceptionReply | No
         if reply[2] != 2 * count or len(reply) != 5 + 2 * count:
             raise FrameError(f"{reply[2]} data bytes for {count} register(s)")
         data = reply[3:-2]
-        return [int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2)]
+        return tuple(int.from_bytes(data[i : i + 2], "big") for i in range(0, len(data), 2))
     if len(reply) != 8 or reply[2:6] != request[2:6]:
         raise FrameError(f"a write's echo that does not match: {reply.hex(' ')}")
     return None

@@ -72,7 +72,7 @@ def test_read_replies_from_pymodbus_are_read(unit: int, function: int, data: lis
     _, response_type = READS[function]
     reply = SERVER.buildFrame(response_type(registers=data, dev_id=unit))
     assert rtu.reply_length(reply[: rtu.HEADER_BYTES]) == len(reply) == rtu.reply_bytes(request)
-    assert rtu.parse_reply(request, reply) == data
+    assert rtu.parse_reply(request, reply) == tuple(data)
 
 
 @given(units, registers, values)
