@@ -179,7 +179,7 @@ class Rig:
     ) -> tuple[AgentProcess, str]:
         process = self.start_agent(instance, via_proxy=via_proxy, **extra)
         ttl_s = int(extra.get("AGENT_LOCK__TTL_MS", self.ttl_ms)) / 1000
-        token = process.wait_for_new(ACTIVE, timeout=10 + ttl_s).group(1)
+        token = process.wait_for_new(ACTIVE, timeout=20 + ttl_s).group(1)
         process.wait_for_new(re.compile("started as active"))
         # Active before its devices are reconciled: the tests start from a settled line.
         process.wait_for(RECONCILED)
