@@ -185,6 +185,15 @@ class Driver(ABC):
         self.stats = LinkStats()
         self._late_reply_from: dict[int | None, float] = {}
         """Addresses whose reply may still come, and when their request timed out."""
+        self._quiet_since = float("-inf")
+        """When the line went quiet (monotonic): the end of the last exchange's reading."""
+
+    def silence_left_s(self) -> float:
+        """What is left of the silent interval before the next frame may start. It runs
+        from the end of the last exchange's reading, when the reply's last byte had come
+        (or its time was up), not from when the work on it ended: that work is line time
+        the interval covers already."""
+        return self._quiet_since + self.timing.silent_s - time.monotonic()
 
     # A reply that missed its deadline may still come, and would pass for the reply to
     # the next request to the same address (of the same kind, likely: an old reading
@@ -253,6 +262,8 @@ class Driver(ABC):
         except CorruptReply as exc:
             self.stats.corrupt_replies += 1
             raise ControllerError(f"corrupted reply to {what}: {exc}") from exc
+        finally:
+            self._quiet_since = time.monotonic()
         self._late_reply_possible(unit.address)
         self.stats.timeouts += 1
         self.stats.per_unit_timeouts[unit.name] = self.stats.per_unit_timeouts.get(unit.name, 0) + 1

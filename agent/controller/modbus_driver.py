@@ -191,9 +191,12 @@ class ModbusDriver(Driver):
         return values
 
     def _silent_interval(self) -> None:
-        """Between two exchanges of one call: the line quiet for the silent interval. (An
-        Event's timed wait: a sleep's absolute deadline is what libfaketime breaks.)"""
-        threading.Event().wait(self.timing.silent_s)
+        """Between two exchanges of one call: the line quiet for what is left of the silent
+        interval. (An Event's timed wait: a sleep's absolute deadline is what libfaketime
+        breaks.)"""
+        left = self.silence_left_s()
+        if left > 0:
+            threading.Event().wait(left)
 
     def poll_frames(self, unit: Unit) -> list[tuple[int, int]]:
         points = _modbus_map(unit)

@@ -346,12 +346,16 @@ class Bus:
             self._post(self._opened.set)
 
     def _quiet(self) -> None:
-        """The silent interval, after every transaction. A lock's timed acquire, not
-        time.sleep(): it ends at once on close, and a sleep's absolute deadline is what
-        libfaketime, which the clock tests use, breaks. Not an Event's wait either, which
-        is the same timed acquire behind a condition: twice the CPU (measured), and this
-        wait comes once a transaction."""
-        if self._open_lock.acquire(timeout=self.driver.timing.silent_s):
+        """What is left of the silent interval after a transaction (from its reply's end:
+        Driver.silence_left_s)."""
+        self._wait(self.driver.silence_left_s())
+
+    def _wait(self, seconds: float) -> None:
+        """A lock's timed acquire, not time.sleep(): it ends at once on close, and a sleep's
+        absolute deadline is what libfaketime, which the clock tests use, breaks. Not an
+        Event's wait either, which is the same timed acquire behind a condition: twice the
+        CPU (measured), and this wait comes once a transaction."""
+        if seconds > 0 and self._open_lock.acquire(timeout=seconds):
             self._open_lock.release()  # closing: every wait from now on ends at once
 
     def _idle_until(self, when: float) -> None:
@@ -371,7 +375,7 @@ class Bus:
             self._post(_settle, future, None, exc)
         else:
             self._post(_settle, future, result, None)
-        self._quiet()
+        self._wait(self.driver.timing.silent_s)  # a call of any kind: the whole interval
 
     def _transact(self, op: Op) -> None:
         with self._mutex:
