@@ -90,7 +90,10 @@ def test_a_cold_start_is_taking_over_not_silent(tmp_path: Path) -> None:
     """On a store that kept nothing, the first holder waits out a lease before it drives."""
     rig = LineRig(tmp_path, 2, served_before=False)
     try:
-        first = rig.start_agent("a", AGENT_LOCK__TTL_MS="5000")
+        # A wait of 9 s, looked at once it has begun: a loaded machine's `agent status`
+        # took most of a 5 s one to start and report.
+        first = rig.start_agent("a", AGENT_LOCK__TTL_MS="9000")
+        first.wait_for(re.compile(r"holding the lock; waiting"), timeout=30)
         report = status_until(
             rig, lambda r: r["holder"] == "a" and r["instances"][0]["state"] == "taking over"
         )
@@ -98,7 +101,7 @@ def test_a_cold_start_is_taking_over_not_silent(tmp_path: Path) -> None:
         assert re.fullmatch(
             r"a taking over: waiting for the previous lease to end \(\d\.\d s left\)", said
         ), said
-        first.wait_for(ACTIVE, timeout=10)
+        first.wait_for(ACTIVE, timeout=20)
     finally:
         rig.close()
 
