@@ -227,11 +227,11 @@ async def test_each_attempt_times_out_without_connack_and_is_retried(
         await session.start(timeout=2.5)  # room for three attempts on a loaded machine
     attempts = len(broker.connects)
     assert attempts >= 3
-    gaps = [b.at - a.at for a, b in zip(broker.connects, broker.connects[1:], strict=False)]
-    # Each attempt waited out its 0.3 s (a retry at once would come after the 10-20 ms
-    # backoff); the broker's clock sees each CONNECT as late as a loaded loop reads it, so
-    # one gap may look shorter by that much (0.274 s was seen).
-    assert all(gap >= 0.2 for gap in gaps), gaps
+    # Each attempt waited out its 0.3 s: at most one an attempt's timeout in the 2.5 s (a
+    # retry at once would come after the 10-20 ms backoff, a hundred of them). Counted, not
+    # timed on the broker's clock, which sees each CONNECT as late as a loaded loop reads it
+    # (0.18 s was seen between two attempts 0.3 s apart).
+    assert attempts <= 2.5 / 0.3 + 1, attempts
     # The client hung up every half-open connection it gave up on (the broker may read the
     # last attempt's CONNECT only now, on a loaded machine: each read one counts).
     await broker.wait_for(lambda: broker.closed_by_client == len(broker.connects))

@@ -85,11 +85,14 @@ def test_scan_finds_every_unit_reports_the_collision_and_writes_a_devices_file(
 ) -> None:
     line = serve(background, modbus=protocol == "modbus")
     output = tmp_path / "floor3.devices.json"
+    # A reply timeout of 200 ms: the collision is two replies at once, and a loaded machine
+    # once heard none of it within 60 ms (the scan said the line clean).
     result = agent(
         "scan", str(line.tcp_url), "--protocol", protocol, "--addresses", SPAN, *FAST,
+        "--reply-timeout-ms", "200",
         "--profile", "sim", "--line-id", "floor3", "--output", str(output), "--no-store",
     )  # fmt: skip
-    assert result.returncode == 5, result.stderr  # units found, and a collision
+    assert result.returncode == 5, result.stdout + result.stderr  # units, and a collision
     found = [int(a) for a in re.findall(r"^  @(\d+) +\S.*points of sim", result.stdout, re.M)]
     assert found == answering(), result.stdout
     assert re.search(rf"^  @{DOUBLED} +COLLISION", result.stdout, re.M), result.stdout
