@@ -93,11 +93,17 @@ def main() -> int:
         if not options.no_serial:
             runs.append(run_suite("serial (-n 0)", "-n", "0", keep=options.keep))
     finally:
+        # Whether the command beside ran all along: one that ended early loaded nothing after.
+        beside_ended = None if beside is None else beside.poll()
         if beside is not None:
             os.killpg(beside.pid, signal.SIGTERM)
             beside.wait(30)
 
-    print(f"machine: {os.cpu_count()} cores" + (f"; beside: {options.beside}" if beside else ""))
+    said = ""
+    if beside is not None:
+        how = "ran to the end" if beside_ended is None else f"ended early: {beside_ended}"
+        said = f"; beside ({how}): {options.beside}"
+    print(f"machine: {os.cpu_count()} cores{said}")
     print(f"{'run':34} {'wall s':>8} {'bound s':>8} {'cpu s':>8}  result")
     for run in runs:
         bound = f"{BOUND_S:8.0f}" if run.name.startswith("parallel") else f"{'':8}"
