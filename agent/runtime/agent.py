@@ -550,7 +550,7 @@ class Agent:
         messages += [(s.telemetry_topic(name), self.snapshot(name)) for name in self.devices]
         await telemetry.publish(self.session, messages, interval_s=s.telemetry.interval_s)
 
-    def snapshot(self, device_id: str) -> telemetry.Snapshot:
+    def snapshot(self, device_id: str, *, with_token: bool = True) -> telemetry.Snapshot:
         leadership = self.leadership
         return device_snapshot(
             device_id,
@@ -558,10 +558,14 @@ class Agent:
             line=self.line.id,
             instance=self.settings.instance_id,
             active=self.role is Role.ACTIVE,
-            token=leadership.token if leadership is not None else None,
+            token=leadership.token if leadership is not None and with_token else None,
             lock_losses=leadership.losses if leadership is not None else 0,
             bus=self.bus,
         )
+
+    def _untokened_snapshot(self, device_id: str) -> telemetry.Snapshot:
+        """Health's: a device's document does not show the token (see DeviceViews)."""
+        return self.snapshot(device_id, with_token=False)
 
     def line_snapshot(self) -> telemetry.LineSnapshot:
         return line_snapshot(
@@ -579,9 +583,9 @@ class Agent:
     def view(self) -> InstanceView:
         """What health needs of this instance, now."""
         leadership, bus, session = self.leadership, self.bus, self.session
-        token, losses = (leadership.token, leadership.losses) if leadership else (None, 0)
+        losses = leadership.losses if leadership is not None else 0
         devices = self._device_views.views(
-            self.devices, self.snapshot, self.role is Role.ACTIVE, token, losses, bus
+            self.devices, self._untokened_snapshot, self.role is Role.ACTIVE, losses, bus
         )
         return InstanceView(
             role=self.role,

@@ -159,9 +159,11 @@ class DeviceViews:
     Health asks for every device every second and on every change in the store; most
     devices show the same as the time before. What a view shows is read from a few fields
     (the unit's last reading, the sync's status and counters, the record's refusal, the
-    bus's record of the unit, the lease): compared, they say whether the view built last
-    still holds, and the same object is handed out again, which tells health that its
-    document needs no rebuilding either."""
+    bus's record of the unit, whether this instance is active, its lock losses): compared,
+    they say whether the view built last still holds, and the same object is handed out
+    again, which tells health that its document needs no rebuilding either. Not the
+    lease's token: a renewal changes it every third of a TTL, and a device's document does
+    not show it (the instance's does); a view's snapshot carries none."""
 
     def __init__(self) -> None:
         self._built: dict[str, tuple[tuple[object, ...], DeviceView]] = {}
@@ -171,16 +173,16 @@ class DeviceViews:
         devices: Mapping[str, DeviceSync],
         snapshot: Callable[[str], telemetry.Snapshot],
         active: bool,
-        token: Hlc | None,
         lock_losses: int,
         bus: Bus | None,
     ) -> dict[str, DeviceView]:
-        """Every device's view; `snapshot(device)` its telemetry, asked only to build one."""
+        """Every device's view; `snapshot(device)` its telemetry without the lease's token,
+        asked only to build one."""
         for name in [name for name in self._built if name not in devices]:
             del self._built[name]  # no longer configured (a reload)
         views = {}
         for name, sync in devices.items():
-            key = _shown(name, sync, active=active, token=token, lock_losses=lock_losses, bus=bus)
+            key = _shown(name, sync, active=active, lock_losses=lock_losses, bus=bus)
             built = self._built.get(name)
             if built is None or built[0] != key:
                 built = self._built[name] = (key, device_view(sync, snapshot(name)))
@@ -193,7 +195,6 @@ def _shown(
     sync: DeviceSync,
     *,
     active: bool,
-    token: Hlc | None,
     lock_losses: int,
     bus: Bus | None,
 ) -> tuple[object, ...]:
@@ -204,7 +205,6 @@ def _shown(
     schedule = bus.schedule if bus is not None and active else None
     return (
         active,
-        token,
         lock_losses,
         controller is not None,
         controller.last_state if controller is not None and active else None,
