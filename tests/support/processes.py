@@ -16,6 +16,11 @@ from typing import Any
 
 READY_URL = re.compile(r"mqtt://([^:\s]+):(\d+)")
 
+STARTUP_S = 30.0
+"""How long a process may take to write its first line: an interpreter's start and its
+imports took 10 s on a loaded 2-core machine. A wait's timeout counts from that line, so
+that it measures what the test waits for, not the start."""
+
 LIVE: weakref.WeakSet[AgentProcess] = weakref.WeakSet()
 """The processes of the test running now: a failed test shows what they said."""
 
@@ -59,6 +64,7 @@ class AgentProcess:
 
     def wait_for(self, pattern: re.Pattern[str], timeout: float = 10.0) -> re.Match[str]:
         """The first line, of all read so far or to come, that matches."""
+        self._started(pattern)
         deadline = time.monotonic() + timeout
         checked = 0
         while True:
@@ -71,6 +77,7 @@ class AgentProcess:
 
     def wait_for_new(self, pattern: re.Pattern[str], timeout: float = 10.0) -> re.Match[str]:
         """Like wait_for, but only lines that came after the last wait_for_new match."""
+        self._started(pattern)
         deadline = time.monotonic() + timeout
         while True:
             for index in range(self._seen, len(self.lines)):
@@ -78,6 +85,12 @@ class AgentProcess:
                 if match:
                     self._seen = index + 1
                     return match
+            self._read(deadline, pattern)
+
+    def _started(self, pattern: re.Pattern[str]) -> None:
+        """Waits for the process's first line (STARTUP_S at most), once."""
+        deadline = time.monotonic() + STARTUP_S
+        while not self.lines:
             self._read(deadline, pattern)
 
     def _read(self, deadline: float, pattern: re.Pattern[str]) -> None:
