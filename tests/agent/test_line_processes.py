@@ -51,8 +51,11 @@ def test_a_line_of_32_devices_syncs_both_ways(line: LineRig) -> None:
 
 
 def test_crossing_changes_on_several_devices_end_by_the_crossing_rule(line: LineRig) -> None:
-    # A long poll interval: the panel changes are unnoticed when the remote ones come.
-    agent, _ = line.start_active("a", AGENT_SERIAL__POLL_INTERVAL_S="600")
+    # A long poll interval: the panel changes are unnoticed when the remote ones come. A
+    # lease of 6 s: a loaded machine starved an agent of 32 devices past one of 1.5 s.
+    agent, _ = line.start_active(
+        "a", AGENT_SERIAL__POLL_INTERVAL_S="600", AGENT_LOCK__TTL_MS="6000"
+    )
     crossing = [3, 11, 19, 27]
     for n in crossing:
         line.background.call(lambda n=n: line.unit(n).panel_setpoint(15.0))

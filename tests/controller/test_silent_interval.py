@@ -46,9 +46,14 @@ async def test_the_silent_interval_runs_from_the_end_of_the_reading(line: FakeLi
             at_once = driver.silence_left_s()
             time.sleep(driver.timing.silent_s / 2)  # work on the reading, say
             after_work = driver.silence_left_s()
-            with pytest.raises(ControllerUnavailable):
-                driver.read_state(Unit("t9", 9))  # nobody: its time runs out
-            after_timeout = driver.silence_left_s()
+            # Nobody answers: its time runs out. The best of three, so that a loaded
+            # machine that holds this thread back for an interval's 30 ms fails nothing.
+            left = []
+            for _ in range(3):
+                with pytest.raises(ControllerUnavailable):
+                    driver.read_state(Unit("t9", 9))
+                left.append(driver.silence_left_s())
+            after_timeout = max(left)
             time.sleep(driver.timing.silent_s)
             return at_once, after_work, after_timeout, driver.silence_left_s()
         finally:
