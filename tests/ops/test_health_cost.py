@@ -119,9 +119,6 @@ class RenewingLeadership:
         assert self.token is not None
         self.token = Hlc(self.token.wall_ms + 1000, 0, "store")
 
-    def may_drive(self) -> bool:
-        return True
-
     def taking_over_s(self) -> None:
         return None
 
