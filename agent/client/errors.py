@@ -13,6 +13,12 @@ class RequestTimeout(StateStoreError, TimeoutError):
     """No response within the request's timeout."""
 
 
+class ResponseLost(RequestTimeout):
+    """No response will come: the connection the request went out on dropped after the
+    broker acknowledged it, and a clean session keeps nothing for the next connection. As
+    after a timeout, the request may or may not have been carried out; only sooner."""
+
+
 class UnexpectedResponse(StateStoreError):
     """The service answered with something this protocol does not allow here."""
 

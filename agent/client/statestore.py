@@ -17,6 +17,7 @@ from typing import Literal
 from agent.backoff import Backoff
 from agent.client.errors import (
     RequestTimeout,
+    ResponseLost,
     StateStoreError,
     UnexpectedResponse,
     service_error,
@@ -112,6 +113,9 @@ class StateStoreClient:
         self.clock = HybridLogicalClock(self.client_id.replace(":", "_"), wall_clock)
         self._response_topic = topics.response_topic(self.client_id)
         self._pending: dict[bytes, asyncio.Future[Message]] = {}
+        # Of the pending requests, those the broker acknowledged: their responses are lost
+        # with the connection (see _connection_lost).
+        self._acknowledged: set[bytes] = set()
         self._observed: dict[bytes, ChangeHandler] = {}
         self._seen: dict[bytes, _Seen] = {}
         # The newest undelivered change per key, oldest key first (behind a live DELETE it
@@ -156,6 +160,7 @@ class StateStoreClient:
         await _all_of(subscriptions)
         self._started = True
         self.session.on_connect(self._resync)
+        self.session.on_disconnect(self._connection_lost)
         self._delivery = asyncio.create_task(self._deliver(), name="statestore-changes")
 
     async def _subscribe_responses(self) -> None:
@@ -164,6 +169,7 @@ class StateStoreClient:
 
     async def close(self) -> None:
         self.session.remove_hook(self._resync)
+        self.session.remove_hook(self._connection_lost)
         if self._resync_task is not None:
             self._resync_task.cancel()
             await asyncio.gather(self._resync_task, return_exceptions=True)
@@ -363,6 +369,7 @@ class StateStoreClient:
                 user_properties=user_properties,
                 timeout=max(0.0, deadline - loop.time()),
             )
+            self._acknowledged.add(correlation)
             if not future.done():
                 timer = loop.call_at(deadline, _time_out, future)
                 try:
@@ -370,13 +377,29 @@ class StateStoreClient:
                 finally:
                     timer.cancel()
             message = future.result()
+        except _Lost:
+            raise ResponseLost(
+                f"{args[0].decode()} got no response: the connection it went out on was lost"
+            ) from None
         except TimeoutError as exc:
             raise RequestTimeout(
                 f"{args[0].decode()} got no response within {timeout:g} s"
             ) from exc
         finally:
             self._pending.pop(correlation, None)
+            self._acknowledged.discard(correlation)
         return self._parse_response(message)
+
+    def _connection_lost(self) -> None:
+        """Fails every acknowledged request still waiting for its response. The sessions are
+        clean: the broker keeps nothing of the connection that ended, so a response it had
+        not delivered is gone, and waiting out the timeout only delays the caller's next try
+        (a standby cut off during its start waited so, past its peer's lease, before it
+        could take over)."""
+        for correlation in self._acknowledged:
+            future = self._pending.get(correlation)
+            if future is not None and not future.done():
+                future.set_exception(_Lost())
 
     def _merge(self, message: Message) -> Hlc | None:
         text = message.user_property(topics.TIMESTAMP)
@@ -585,6 +608,10 @@ def _no_older_than(since: Hlc | None, versions: list[Hlc | None]) -> Hlc | None:
             return None
         since = max(since, version)
     return since
+
+
+class _Lost(Exception):
+    """A pending request's connection ended (raised as ResponseLost)."""
 
 
 def _time_out(future: asyncio.Future[Message]) -> None:

@@ -1,5 +1,6 @@
 """The session notices a dead link (a black hole: nothing is closed, nothing comes back)
-within one keep-alive of the last packet it received, and comes back once the path does."""
+within one keep-alive of the last packet it received, and comes back once the path does; a
+request whose connection ends before its response fails then, not at its timeout."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from agent.client.errors import RequestTimeout, ResponseLost
 from agent.client.session import Session, SessionError
+from agent.client.statestore import StateStoreClient
 from agent.emulator.embedded import EmbeddedStateStore
+from agent.protocol import topics
 from tests.client.conftest import LogWatch, fast_settings
 from tests.harness.proxy import FaultProxy
 from tests.support.ports import free_port
@@ -20,15 +24,22 @@ KEEPALIVE_S = 4
 
 
 @pytest.fixture
-async def proxy() -> AsyncIterator[FaultProxy]:
+async def store() -> AsyncIterator[EmbeddedStateStore]:
     store = EmbeddedStateStore("127.0.0.1", free_port())
     await store.start()
+    try:
+        yield store
+    finally:
+        await store.stop()
+
+
+@pytest.fixture
+async def proxy(store: EmbeddedStateStore) -> AsyncIterator[FaultProxy]:
     proxy = await FaultProxy(("127.0.0.1", store.port)).start()
     try:
         yield proxy
     finally:
         await proxy.stop()
-        await store.stop()
 
 
 async def test_a_black_holed_link_is_dropped_within_one_and_a_half_keep_alives(
@@ -105,3 +116,48 @@ async def test_a_dropped_link_never_delivers_what_it_held(proxy: FaultProxy) -> 
     finally:
         await session.stop()
         await watcher.stop()
+
+
+def hold_requests(store: EmbeddedStateStore) -> asyncio.Event:
+    """The store's broker acknowledges requests and its service never sees them (a service
+    that is slow, or an answer the cut connection was about to carry)."""
+    held = asyncio.Event()
+    broker = store.broker
+    broker._intercepts = [  # the emulator has no switch for a deaf service
+        (
+            topic,
+            (lambda sender, message: held.set()) if topic == topics.INVOKE_TOPIC else h,
+        )
+        for topic, h in broker._intercepts
+    ]
+    broker._routes.clear()
+    return held
+
+
+async def test_a_request_whose_connection_ends_before_its_response_fails_then(
+    store: EmbeddedStateStore, proxy: FaultProxy
+) -> None:
+    """The sessions are clean: a response the broker had not delivered is gone with the
+    connection, and the caller learns so at once (it may try again on the next one), not at
+    the request's timeout."""
+    session = Session(fast_settings(proxy.port), client_id="lost-response")
+    await session.start(timeout=5)
+    client = StateStoreClient(session, request_timeout_s=30)
+    await client.start()
+    try:
+        held = hold_requests(store)
+        request = asyncio.ensure_future(client.get(b"k"))
+        await asyncio.wait_for(held.wait(), 5)
+        # Acknowledged: a publish's PUBACK comes after the request's on one connection.
+        await session.publish("lost-response/after", b"", qos=1)
+        assert not request.done()
+        cut_at = time.monotonic()
+        proxy.cut()
+        with pytest.raises(ResponseLost, match="GET got no response: the connection"):
+            await asyncio.wait_for(request, 5)
+        assert time.monotonic() - cut_at < 5
+        assert isinstance(request.exception(), RequestTimeout)  # a timeout to every caller
+        assert client.requests.counts[("GET", "timeout")] == 1
+    finally:
+        await client.close()
+        await session.stop()
