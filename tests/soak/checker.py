@@ -338,10 +338,15 @@ class Checker:
         # What the unit held, synced, when the store went back to an older value, and that
         # older value: until the store changes again, never written over the synced one.
         stale: tuple[Any, Any] | None = None
+        # The last remote change accepted while the unit held another value, until the
+        # unit is written or turned: a store that goes back to it holds a change the unit
+        # never took, which is applied (a later one it lost is the store's loss).
+        untaken_remote: Any = None
         for at, kind, value in events:
             if kind == "read":
                 last_read = at
             elif kind == "panel":
+                untaken_remote = None
                 if unpublished is not None:
                     superseded.append(unpublished[1])
                 unpublished = (at, value)
@@ -358,6 +363,7 @@ class Checker:
                         f"synced {controller}",
                     )
                 stale = None
+                untaken_remote = None
                 if unpublished is not None and not _same(value, unpublished[1]):
                     if unpublished[0] < last_read:
                         self.lost += 1
@@ -430,6 +436,8 @@ class Checker:
                 pending_remote = (at, value)
                 if controller is not None and _same(value, controller) and unpublished is None:
                     pending_remote = None
+                elif controller is not None and not _same(value, controller):
+                    untaken_remote = value
             elif kind == "wipe":
                 store_holds = None
                 empty_since = True
@@ -438,7 +446,9 @@ class Checker:
                 # lost by the store, not by the agent; a value the unit holds and the store
                 # held (synced) must be published again before anything is written over it.
                 held, lost = value
-                if (
+                if untaken_remote is not None and _same(held, untaken_remote):
+                    pending_remote = (at, held)  # back to a remote change still to apply
+                elif (
                     store_holds is not None
                     and controller is not None
                     and _same(controller, store_holds)

@@ -474,3 +474,28 @@ def test_a_remote_change_the_store_lost_is_not_the_agents_loss() -> None:
     c.units.append(UnitEvent(4.5, 1, "write", 20.0))
     c.check_changes({1: 20.0}, {1: b"20.0"})
     assert c.violations == [] and c.lost == 0
+
+
+def test_a_store_gone_back_to_a_remote_change_the_unit_never_took_has_it_applied() -> None:
+    """Remote 26.0 accepted while the unit held 20.0 and not applied yet; remote 20.0 (the
+    unit's value) after it; the store loses the second and holds 26.0 again: applying 26.0
+    applies an accepted change, and the lost 20.0 is the store's loss. Once the unit has
+    been written or turned since, writing the value the store went back to over it is not."""
+    c = checker()
+    c.units = [UnitEvent(1.0, 1, "write", 20.0)]
+    c.store = [
+        store(0.5, "remote", KEY, b"20.0", token=v(1)),
+        store(2.0, "remote", KEY, b"26.0", token=v(1)),
+        store(2.5, "agent-l-a", KEY, b"26.0", token=v(2)),  # a new active fences it
+        store(3.0, "remote", KEY, b"20.0", token=v(2)),
+    ]
+    c.rolled_back = [(3.5, {KEY: (b"26.0", [b"20.0"])})]
+    c.units.append(UnitEvent(4.0, 1, "write", 26.0))
+    c.check_changes({1: 26.0}, {1: b"26.0"})
+    assert c.violations == [] and c.lost == 0
+    c = went_back_after_a_synced_panel_change()  # the unit turned since: 20.0 is stale
+    c.store.insert(1, store(1.5, "remote", KEY, b"26.0", token=v(1)))
+    c.rolled_back = [(3.0, {KEY: (b"26.0", [b"23.5"])})]
+    c.units.append(UnitEvent(4.5, 1, "write", 26.0))
+    c.check_changes({1: 26.0}, {1: b"26.0"})
+    assert [x.kind for x in c.violations] == ["synced change lost"] and c.lost == 1
