@@ -309,6 +309,7 @@ class Agent:
                 retry=store_retry(self.settings.mqtt),
                 within_s=leadership.idle_reconnect_s,
                 record_found=record_found,
+                session=self.session,
             )
         finally:
             self._devices_watched.set()

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from agent.backoff import Backoff
 from agent.client.errors import NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock
-from agent.client.session import SessionError
+from agent.client.session import Session, SessionError
 from agent.client.statestore import KeyChange, StateStoreClient
 from agent.config import AgentSettings, MqttSettings
 from agent.config.devices import DeviceSettings
@@ -149,11 +149,12 @@ async def watch_devices(
     retry: Backoff,
     within_s: float,
     record_found: Callable[[], None],
+    session: Session | None = None,
 ) -> None:
     """Every device's keys at once (`watch`, which says whether the device can be served and
     returns its record; one that cannot is left out of `devices`), each device again while the
-    service does not answer, within `within_s` of each failure; `record_found()` for each sync
-    record."""
+    service does not answer, within `within_s` of each failure, and at once when the
+    `session`'s link comes back; `record_found()` for each sync record."""
     started = time.monotonic()
     waiting = dict(devices)
     while waiting:
@@ -175,13 +176,22 @@ async def watch_devices(
             # Said once: while the link is down every try fails at once.
             said = log.warning if retry.attempts == 0 else log.debug
             delay = retry.next_delay(ceiling=within_s)
+            down = session is not None and not session.connected
             said(
                 "state store not answering yet: %d device(s) not watched yet; trying again "
-                "in %.2f s",
+                "in %.2f s%s",
                 len(waiting),
                 delay,
+                " or once the link is back" if down else "",
             )
-            await asyncio.sleep(delay)
+            if session is not None and down:
+                # A try while the link is down fails at once; the one that counts is the
+                # first after it is back (a standby cut off during its start, whose peer
+                # may be gone, takes over only once its devices are watched).
+                with contextlib.suppress(SessionError):  # SessionTimeout: the delay passed
+                    await session.wait_connected(timeout=delay)
+            else:
+                await asyncio.sleep(delay)
     log.info(
         "watching %d device(s) in the store (%.0f ms)",
         len(devices),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from agent.protocol.hlc import Hlc
 from tests.agent.test_pair_defects import log_time
 from tests.ops.support import Topics, health_topic, status
+from tests.support.held_requests import hold_requests
 from tests.support.rig import ACTIVE, RECONCILED, STANDBY, STEPPED_DOWN, LineRig, line_rig
 
 pytestmark = pytest.mark.slow
@@ -189,3 +191,36 @@ def test_an_instance_too_slow_for_its_lease_is_said_in_status_health_and_telemet
         ), report["problems"]
     finally:
         topics.close()
+
+
+def test_a_start_cut_off_with_its_watches_unanswered_watches_once_back(line: LineRig) -> None:
+    """b's start: its requests acknowledged by the broker and never answered (the service
+    stalled), then its link cut. The answers are gone with the connection (its session is
+    a clean one): the devices are watched again once the link is back, not after the
+    requests' 10 s timeout (a standby takes over only once its devices are watched)."""
+    line.start_active("a", AGENT_LOCK__TTL_MS="6000")
+    lock_read = line.next_read("b", line.lock_key)
+    starting = line.start_agent(
+        "b",
+        via_proxy=True,
+        link_delay_s=ONE_WAY_S,
+        AGENT_LOCK__TTL_MS="6000",
+        AGENT_MQTT__REQUEST_TIMEOUT_S="10",
+        AGENT_MQTT__RECONNECT_MIN_S="0.05",
+        AGENT_MQTT__RECONNECT_MAX_S="0.5",
+    )
+    proxy = line.proxies["b"]
+    assert lock_read.wait(30), "b never read the lock"
+    dropped = threading.Event()
+    release = line.background.call(lambda: hold_requests(line.store, dropped.set))
+    assert dropped.wait(5), "b sent nothing after reading the lock"
+    time.sleep(3 * ROUND_TRIP_S)  # the fault itself: its watches sent and acknowledged
+    line.background.call(release)
+    starting.drain()
+    assert not any(WATCHED.search(s) for s in starting.lines), starting.tail()
+    cut_at = time.time()
+    line.background.call(proxy.cut)
+    watched = starting.wait_for(WATCHED, timeout=30)
+    # The reconnect, its subscriptions, then each key's KEYNOTIFY and GET: a few round trips.
+    took = log_time(watched.string) - cut_at
+    assert took <= 8 * ROUND_TRIP_S, (took, starting.tail())

@@ -15,9 +15,9 @@ from agent.client.errors import RequestTimeout, ResponseLost
 from agent.client.session import Session, SessionError
 from agent.client.statestore import StateStoreClient
 from agent.emulator.embedded import EmbeddedStateStore
-from agent.protocol import topics
 from tests.client.conftest import LogWatch, fast_settings
 from tests.harness.proxy import FaultProxy
+from tests.support.held_requests import hold_requests
 from tests.support.ports import free_port
 
 KEEPALIVE_S = 4
@@ -118,22 +118,6 @@ async def test_a_dropped_link_never_delivers_what_it_held(proxy: FaultProxy) -> 
         await watcher.stop()
 
 
-def hold_requests(store: EmbeddedStateStore) -> asyncio.Event:
-    """The store's broker acknowledges requests and its service never sees them (a service
-    that is slow, or an answer the cut connection was about to carry)."""
-    held = asyncio.Event()
-    broker = store.broker
-    broker._intercepts = [  # the emulator has no switch for a deaf service
-        (
-            topic,
-            (lambda sender, message: held.set()) if topic == topics.INVOKE_TOPIC else h,
-        )
-        for topic, h in broker._intercepts
-    ]
-    broker._routes.clear()
-    return held
-
-
 async def test_a_request_whose_connection_ends_before_its_response_fails_then(
     store: EmbeddedStateStore, proxy: FaultProxy
 ) -> None:
@@ -145,7 +129,8 @@ async def test_a_request_whose_connection_ends_before_its_response_fails_then(
     client = StateStoreClient(session, request_timeout_s=30)
     await client.start()
     try:
-        held = hold_requests(store)
+        held = asyncio.Event()
+        hold_requests(store, held.set)
         request = asyncio.ensure_future(client.get(b"k"))
         await asyncio.wait_for(held.wait(), 5)
         # Acknowledged: a publish's PUBACK comes after the request's on one connection.
