@@ -14,9 +14,9 @@ class RequestTimeout(StateStoreError, TimeoutError):
 
 
 class ResponseLost(RequestTimeout):
-    """No response will come: the connection the request went out on dropped after the
-    broker acknowledged it, and a clean session keeps nothing for the next connection. As
-    after a timeout, the request may or may not have been carried out; only sooner."""
+    """No response will come to a read (GET, KEYNOTIFY): the connection it went out on
+    dropped after the broker acknowledged it, and a clean session keeps nothing for the next
+    connection. As after a timeout, only sooner."""
 
 
 class UnexpectedResponse(StateStoreError):

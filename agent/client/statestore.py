@@ -369,7 +369,8 @@ class StateStoreClient:
                 user_properties=user_properties,
                 timeout=max(0.0, deadline - loop.time()),
             )
-            self._acknowledged.add(correlation)
+            if args[0] in _FAILED_WITH_THEIR_CONNECTION:
+                self._acknowledged.add(correlation)
             if not future.done():
                 timer = loop.call_at(deadline, _time_out, future)
                 try:
@@ -391,7 +392,7 @@ class StateStoreClient:
         return self._parse_response(message)
 
     def _connection_lost(self) -> None:
-        """Fails every acknowledged request still waiting for its response. The sessions are
+        """Fails every acknowledged read still waiting for its response. The sessions are
         clean: the broker keeps nothing of the connection that ended, so a response it had
         not delivered is gone, and waiting out the timeout only delays the caller's next try
         (a standby cut off during its start waited so, past its peer's lease, before it
@@ -608,6 +609,14 @@ def _no_older_than(since: Hlc | None, versions: list[Hlc | None]) -> Hlc | None:
             return None
         since = max(since, version)
     return since
+
+
+_FAILED_WITH_THEIR_CONNECTION = frozenset({b"GET", b"KEYNOTIFY"})
+"""The requests that fail when their connection ends (see _connection_lost): those that change
+nothing, tried again at once on the next connection. A write in doubt waits out its timeout, as
+its caller's settling of the doubt expects: failed at the cut, a publish's read-back of its
+record was tried while the link was down, and a store that forgot everything soon after found
+the doubt unsettled (the soak: a panel change published again over a later remote change)."""
 
 
 class _Lost(Exception):
