@@ -113,9 +113,9 @@ class StateStoreClient:
         self.clock = HybridLogicalClock(self.client_id.replace(":", "_"), wall_clock)
         self._response_topic = topics.response_topic(self.client_id)
         self._pending: dict[bytes, asyncio.Future[Message]] = {}
-        # Of the pending requests, those the broker acknowledged: their responses are lost
+        # Of the pending reads, those the broker acknowledged: their responses are lost
         # with the connection (see _connection_lost).
-        self._acknowledged: set[bytes] = set()
+        self._reads_acknowledged: set[bytes] = set()
         self._observed: dict[bytes, ChangeHandler] = {}
         self._seen: dict[bytes, _Seen] = {}
         # The newest undelivered change per key, oldest key first (behind a live DELETE it
@@ -370,7 +370,7 @@ class StateStoreClient:
                 timeout=max(0.0, deadline - loop.time()),
             )
             if args[0] in _FAILED_WITH_THEIR_CONNECTION:
-                self._acknowledged.add(correlation)
+                self._reads_acknowledged.add(correlation)
             if not future.done():
                 timer = loop.call_at(deadline, _time_out, future)
                 try:
@@ -388,7 +388,7 @@ class StateStoreClient:
             ) from exc
         finally:
             self._pending.pop(correlation, None)
-            self._acknowledged.discard(correlation)
+            self._reads_acknowledged.discard(correlation)
         return self._parse_response(message)
 
     def _connection_lost(self) -> None:
@@ -397,7 +397,7 @@ class StateStoreClient:
         not delivered is gone, and waiting out the timeout only delays the caller's next try
         (a standby cut off during its start waited so, past its peer's lease, before it
         could take over)."""
-        for correlation in self._acknowledged:
+        for correlation in self._reads_acknowledged:
             future = self._pending.get(correlation)
             if future is not None and not future.done():
                 future.set_exception(_Lost())
@@ -613,10 +613,9 @@ def _no_older_than(since: Hlc | None, versions: list[Hlc | None]) -> Hlc | None:
 
 _FAILED_WITH_THEIR_CONNECTION = frozenset({b"GET", b"KEYNOTIFY"})
 """The requests that fail when their connection ends (see _connection_lost): those that change
-nothing, tried again at once on the next connection. A write in doubt waits out its timeout, as
-its caller's settling of the doubt expects: failed at the cut, a publish's read-back of its
-record was tried while the link was down, and a store that forgot everything soon after found
-the doubt unsettled (the soak: a panel change published again over a later remote change)."""
+nothing, tried again at once on the next connection. A write in doubt waits out its timeout,
+as the callers that settle its doubt (a publish's read-back of its record) were built for:
+failed at the cut, that read-back was tried while the link was still down."""
 
 
 class _Lost(Exception):

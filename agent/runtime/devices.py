@@ -149,7 +149,7 @@ async def watch_devices(
     retry: Backoff,
     within_s: float,
     record_found: Callable[[], None],
-    session: Session | None = None,
+    session: Session,
 ) -> None:
     """Every device's keys at once (`watch`, which says whether the device can be served and
     returns its record; one that cannot is left out of `devices`), each device again while the
@@ -176,7 +176,7 @@ async def watch_devices(
             # Said once: while the link is down every try fails at once.
             said = log.warning if retry.attempts == 0 else log.debug
             delay = retry.next_delay(ceiling=within_s)
-            down = session is not None and not session.connected
+            down = not session.connected
             said(
                 "state store not answering yet: %d device(s) not watched yet; trying again "
                 "in %.2f s%s",
@@ -184,7 +184,7 @@ async def watch_devices(
                 delay,
                 " or once the link is back" if down else "",
             )
-            if session is not None and down:
+            if down:
                 # A try while the link is down fails at once; the one that counts is the
                 # first after it is back (a standby cut off during its start, whose peer
                 # may be gone, takes over only once its devices are watched).

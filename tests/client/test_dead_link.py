@@ -130,17 +130,15 @@ async def test_a_request_whose_connection_ends_before_its_response_fails_then(
     await client.start()
     try:
         held = asyncio.Event()
-        hold_requests(store, held.set)
+        hold_requests(store, lambda payload: held.set())
         request = asyncio.ensure_future(client.get(b"k"))
         await asyncio.wait_for(held.wait(), 5)
         # Acknowledged: a publish's PUBACK comes after the request's on one connection.
         await session.publish("lost-response/after", b"", qos=1)
         assert not request.done()
-        cut_at = time.monotonic()
         proxy.cut()
         with pytest.raises(ResponseLost, match="GET got no response: the connection"):
-            await asyncio.wait_for(request, 5)
-        assert time.monotonic() - cut_at < 5
+            await asyncio.wait_for(request, 5)  # of its 30 s
         assert isinstance(request.exception(), RequestTimeout)  # a timeout to every caller
         assert client.requests.counts[("GET", "timeout")] == 1
     finally:

@@ -286,9 +286,12 @@ class Load:
             lock = self._reply(
                 client.send("GET", self.world.lock_key, acknowledged=False), deadline
             )
-            token = lock.prop("__ts") if lock is not None else None
-            if lock is None or lock.payload == NO_LOCK or token is None:
-                return ["failed" if lock is None else "no_active"] * len(changes)
+            if lock is None:
+                self._drop()
+                return ["failed"] * len(changes)
+            token = lock.prop("__ts")
+            if lock.payload == NO_LOCK or token is None:
+                return ["no_active"] * len(changes)
             waiters = [
                 client.send(
                     "SET",
