@@ -299,7 +299,17 @@ class PointSync(PointWrites):
                     return False
                 self._own_publish(marked, store_raw, store_version)
 
+            first_reading = True
+
             def decide(value: PointValue, rules: Rules) -> Decision:
+                nonlocal first_reading
+                if not first_reading:
+                    # Deciding again: the write found the unit changed since this instance
+                    # read it, at its panel. The base was taken on the first reading; taken
+                    # on this one, a value the store held long ago that the unit holds
+                    # again would pass for a sync, and the change be written over.
+                    return self._judge(self.status.synced, store_raw, store_version, value, rules)
+                first_reading = False
                 base = self.past.base(self.status.synced, record, pending, value)
                 if base != self.status.synced:
                     self.log.info(
