@@ -121,6 +121,14 @@ class Leadership:
         """While holding the lock and waiting for the previous lease to end: until when
         (monotonic)."""
         self._on_waiting: Callable[[], None] = lambda: None
+        self.last_holder_was_another = False
+        """The last lease this instance saw was another instance's (not its own, nor its
+        former process's): it asks for the lock only as that lease could end, so that the
+        holder of a lease the store forgot (a restart without its contents) gets it back
+        first. That holder knows what it last synced; the records that said so went with
+        the store, and a standby that had not read them yet (just started, or cut off)
+        would take those syncs for panel changes and publish them over later changes."""
+        self._deferring = False
 
     def on_waiting(self, said: Callable[[], None]) -> None:
         """`said()` when a takeover starts waiting out the previous lease (for health)."""
@@ -153,6 +161,7 @@ class Leadership:
         """Watches the lock; returns its holder now."""
         asked_at = time.monotonic()
         holder = await self.lock.observe(self._on_lock_change)
+        self.seen_holder = holder
         self._saw_holder(holder, live=False, asked_at=asked_at)
         return holder
 
@@ -209,6 +218,8 @@ class Leadership:
                 # store's: no one else has held the lock since, so no one else drives.
                 log.info("the lock is still our last lease: taking it again at once")
                 self.lock_delay.seen_released(time.monotonic())
+            if self._defer_to_the_last_holder():
+                return
             asked_at = time.monotonic()
             token = await self.lock.try_acquire(self.ttl_ms)
         except (StateStoreError, SessionError) as exc:
@@ -219,9 +230,31 @@ class Leadership:
             return
         await self._take_over(self.lock.epoch, token)
 
+    def _defer_to_the_last_holder(self) -> bool:
+        """True while the lock looks free to this instance, which did not hold its last
+        lease, and it leaves the lock to that lease's holder: until half a TTL and two
+        round trips before the lease could have ended (it drives no sooner anyway, and the
+        standby contends every third of a TTL)."""
+        early = self.lock_delay.wait_s(time.monotonic()) - (
+            self.timing.ttl_s / 2 + 2 * self.round_trips.worst_s
+        )
+        if not self.last_holder_was_another or self.seen_holder is not None or early <= 0:
+            self._deferring = False
+            return False
+        if not self._deferring:
+            self._deferring = True
+            log.info(
+                "the lock %s may be free: left %.1f s to the holder of the last lease, which "
+                "may not have ended (this instance did not hold it)",
+                self.lock_key,
+                early,
+            )
+        return True
+
     async def _take_over(self, epoch: int, token: Hlc) -> None:
         """Drives the line under the lease of `epoch`, once the previous lease has ended."""
         log.debug("acquired the lock (token %s): taking over", token)
+        self.last_holder_was_another = False
         self._lease_wake.set()  # renewals from now on, at the lease's own period
         # Reconnect fast while the lease is held: a slow reconnect would cost the lease.
         self.session.set_reconnect_ceiling(max(0.05, self.ttl_ms / 12_000))
@@ -457,7 +490,9 @@ class Leadership:
         if holder is None or holder == self.holder:
             return
         self.lock_delay.seen_held(time.monotonic(), asked_at=asked_at)
-        if holder_instance(holder) != self.instance_id or holder in self._duplicates_reported:
+        ours = holder_instance(holder) == self.instance_id
+        self.last_holder_was_another = not ours
+        if not ours or holder in self._duplicates_reported:
             return
         if not live:
             # Found in the store, not set now: most likely the lease of this instance's

@@ -252,6 +252,33 @@ def test_a_publish_the_emptied_store_forgot_is_still_counted_by_the_next_active(
     the_remote_change_wins_over_the_panel_value(active, rig)
 
 
+def test_a_store_that_forgets_everything_leaves_the_line_to_the_active_that_knows_it(
+    rig: Rig,
+) -> None:
+    """A 5-minute soak's remote changes reverted (seed 4324, four units). A standby that had
+    not read the active's last syncs (here: cut off; there: restarted a moment before) got
+    the lock first on a store restarted without its contents, and took the unit's values,
+    synced by the active, for panel changes: it published them over the remote changes
+    written to the emptied store. The holder of the lease the store forgot asks for the
+    lock at once; a standby leaves it to that holder until the lease could have ended."""
+    ttl = "3000"
+    active, _ = rig.start_active("a", AGENT_LOCK__TTL_MS=ttl)
+    standby = rig.start_agent("b", via_proxy=True, AGENT_LOCK__TTL_MS=ttl)
+    standby.wait_for_new(STANDBY)
+    rig.wait_store_value(b"20.0")
+    rig.background.call(lambda: rig.proxies["b"].blackhole())  # b hears nothing from here
+    rig.panel(18.5)
+    rig.wait_key(RECORD_KEY, lambda record: record is not None and b'"value":18.5' in record)
+    active.signal(signal.SIGSTOP)  # b reaches the emptied store first
+    rig.store_restart_forgetting(setpoint=b"24.5")  # a remote change, the agents away
+    rig.background.call(lambda: rig.proxies["b"].cut())
+    standby.wait_for_new(re.compile("reconnected to the broker"), timeout=10)
+    active.signal(signal.SIGCONT)
+    active.wait_for_new(ACTIVE, timeout=15)
+    the_remote_change_wins_over_the_panel_value(standby, rig)
+    assert sum("published set point 18.5" in line for line in active.lines) == 1  # the panel's
+
+
 def test_a_takeover_that_cannot_read_the_unit_still_decides_on_the_former_publish(
     rig: Rig,
 ) -> None:
