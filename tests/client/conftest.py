@@ -6,12 +6,14 @@ import asyncio
 import getpass
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from agent.client.session import Message, Session
 from agent.config import MqttSettings
 from agent.emulator import mqtt_packets
 from tests.support.mosquitto import Mosquitto, mosquitto_binary
@@ -299,3 +301,29 @@ def secured() -> Iterator[Callable[..., SecuredMosquitto]]:
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+# --- Sessions for the tests ---------------------------------------------------------------
+
+
+def unique(prefix: str = "test") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def started(settings: MqttSettings, client_id: str | None = None) -> Session:
+    session = Session(settings, client_id=client_id or unique())
+    await session.start(timeout=5)
+    return session
+
+
+class Inbox:
+    """A sync handler that keeps messages and lets the test await them."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Message] = asyncio.Queue()
+
+    def __call__(self, message: Message) -> None:
+        self.queue.put_nowait(message)
+
+    async def get(self, within: float = 5.0) -> Message:
+        return await asyncio.wait_for(self.queue.get(), within)
