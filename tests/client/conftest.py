@@ -163,8 +163,12 @@ class RawBroker:
             await self._changed.wait_for(predicate)
 
 
+RawBrokerFactory = Callable[..., Awaitable[RawBroker]]
+"""What the `raw_broker` fixture gives a test."""
+
+
 @pytest.fixture
-async def raw_broker() -> AsyncIterator[Callable[..., Awaitable[RawBroker]]]:
+async def raw_broker() -> AsyncIterator[RawBrokerFactory]:
     """Factory: ``broker = await raw_broker(connect_reply_or_None[, suback_code])``."""
     brokers: list[RawBroker] = []
 

@@ -9,7 +9,6 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,7 @@ import pytest
 from agent.client.credentials import K8S_SAT, Credentials, exposed_secret, read_credentials
 from agent.client.session import AuthenticationFailed, Session, SessionError
 from agent.config import MqttSettings
-from tests.client.conftest import LogWatch, RawBroker, fast_settings
-
-RawBrokerFactory = Callable[..., Awaitable[RawBroker]]
+from tests.client.conftest import LogWatch, RawBroker, RawBrokerFactory, fast_settings
 
 CONNACK_SUCCESS = bytes([0x20, 0x03, 0x00, 0x00, 0x00])
 TOKEN = b"eyJhbGciOiJSUzI1NiJ9.first-token.signature"

@@ -10,7 +10,6 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -25,21 +24,15 @@ from agent.config import MqttSettings
 from tests.client.conftest import (
     Inbox,
     LogWatch,
-    RawBroker,
+    RawBrokerFactory,
     fast_settings,
     started,
     unique,
 )
 from tests.support.mosquitto import Mosquitto
 
-RawBrokerFactory = Callable[..., Awaitable[RawBroker]]
-
-# MQTT 5 CONNACK: flags 0, reason 0x84 "unsupported protocol version", no properties.
-CONNACK_V5_UNSUPPORTED = bytes([0x20, 0x03, 0x00, 0x84, 0x00])
 # MQTT 5 CONNACK: success, no properties (so Receive Maximum is the default 65535).
 CONNACK_SUCCESS = bytes([0x20, 0x03, 0x00, 0x00, 0x00])
-# What a 3.1.1-only broker answers an MQTT 5 CONNECT: return code 1.
-CONNACK_V311_UNACCEPTABLE = bytes([0x20, 0x02, 0x00, 0x01])
 
 
 # --- Settings ---------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import logging
 import shutil
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,15 +27,13 @@ from tests.client.conftest import (
     ConfiguredMosquitto,
     Inbox,
     LogWatch,
-    RawBroker,
+    RawBrokerFactory,
     fast_settings,
     started,
     unique,
 )
 from tests.support.mosquitto import Mosquitto
 from tests.support.ports import free_port
-
-RawBrokerFactory = Callable[..., Awaitable[RawBroker]]
 
 # MQTT 5 CONNACK: flags 0, reason 0x84 "unsupported protocol version", no properties.
 CONNACK_V5_UNSUPPORTED = bytes([0x20, 0x03, 0x00, 0x84, 0x00])
