@@ -119,6 +119,9 @@ class PointSync(PointWrites):
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._decide_as_takeover: Synced | None = None
+        self._decide_at_next_reading = False
+        """A remote change's write was not carried out (unanswered, or not sent): the unit's
+        next reading reconciles the point, whatever it holds."""
         """The next decision is a takeover's, on this base (what the former active last
         had): after a takeover, and after our own publish in doubt (its record read back)."""
         self._unanswered: PointValue | None = None
@@ -149,10 +152,14 @@ class PointSync(PointWrites):
 
     def polled(self, state: ControllerState, at: float) -> None:
         """A routine poll's reading, ended on the wire at `at` (monotonic): work only if it
-        differs from the last synced value."""
+        differs from the last synced value, or a write was not carried out (reconciled)."""
         if self.controller is None:
             return
         self.status.controller = "ok"
+        if self._decide_at_next_reading:
+            self._decide_at_next_reading = False
+            self.reconcile_soon()
+            return
         if not self.wants(state):
             return
         if self._reading is None or at >= self._reading[0]:
@@ -161,9 +168,12 @@ class PointSync(PointWrites):
 
     def wants(self, state: ControllerState) -> bool:
         """A reading says something new to this point: it differs from the last synced
-        value. (Asked on the bus's thread too: it only reads.)"""
+        value, or it is the first since a write was not carried out. (Asked on the bus's
+        thread too: it only reads.)"""
         value = state.value(self.name)
-        return value is not None and not decisions.same(value, self.status.synced.value)
+        return value is not None and (
+            self._decide_at_next_reading or not decisions.same(value, self.status.synced.value)
+        )
 
     def reconcile_soon(self) -> None:
         """Compare store, controller and last synced state again (after a reconnect, or a
@@ -361,6 +371,7 @@ class PointSync(PointWrites):
         """Stepping down: hands back the controller, drops pending work (the next reconciles)."""
         controller, self.controller = self.controller, None
         self._remote, self._reading, self._reconcile_wanted = None, None, False
+        self._decide_at_next_reading = False
         self._decide_as_takeover = None
         self.reconciled.clear()
         return controller

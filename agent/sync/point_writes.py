@@ -71,6 +71,7 @@ class PointWrites:
     _may_write: Callable[[], bool]
     _unanswered: PointValue | None
     _decide_as_takeover: Synced | None
+    _decide_at_next_reading: bool
     _wake: asyncio.Event
     note: Callable[[str, str], None]
 
@@ -146,12 +147,17 @@ class PointWrites:
             self._forget_pending(intent)  # nothing went out
             self.status.wrote(status.REMOTE, status.NOT_SENT)
             self.log.info("write of %s not sent: %s", decision.value, exc)
+            # Still driving (the lease would not cover it, say): the store keeps the change,
+            # and the unit's next reading, which holds the synced value, is no news by itself.
+            self._decide_at_next_reading = True
             return None
         except ControllerFault as exc:
-            # It may have reached the controller all the same: it stays pending.
+            # It may have reached the controller all the same: it stays pending, and the
+            # next reading tells (it holds the write, or the change is decided again).
             self.status.controller_fault(exc)
             self.status.wrote(status.REMOTE, status.NOT_CONFIRMED)
             self.log.warning("could not apply %s %s: %s", self._what, decision.value, exc)
+            self._decide_at_next_reading = True
             return None
         self.status.wrote(status.REMOTE, status.APPLIED, changed_ms=decision.version.wall_ms)
         said = "applied remote %s %s to the controller (version %s)"
