@@ -367,11 +367,21 @@ class Leadership:
         self.losses += 1
         self.role_changes.count((why,))
         log.warning("stepped down to standby: %s", reason)
+        if look_first:
+            # The lock was gone after a reconnect: expired during a broker outage, or
+            # forgotten by the store. Asked for again while the line closes, not after: a
+            # takeover waits for the close, and for the lock delay after it, all the same,
+            # and a standby that never read this instance's records leaves the lock to it
+            # only so long (see last_holder_was_another).
+            self._spawn(self._look_then_contend())
         async with self._role_change:
             await self._step_down_line(reason)
-        if look_first and self.look_before_contending is not None:
-            # The lock was gone after a reconnect: expired during a broker outage, or
-            # forgotten by the store. A record kept in the store tells which.
+        if not look_first:
+            await self.contend()
+
+    async def _look_then_contend(self) -> None:
+        if self.look_before_contending is not None:
+            # A record kept in the store tells a lease that expired from a store that forgot.
             await self.look_before_contending()
         await self.contend()
 
