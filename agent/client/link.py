@@ -268,11 +268,15 @@ async def open_link(
         lost.cancel()
         if not ok:
             connect.cancel()
-            # Let the cancellation land before closing what the attempt opened.
-            await asyncio.wait((connect,))
-            if not connect.cancelled():
-                connect.exception()  # retrieved: it was reported above, or is moot
-            on_lost(link, None)
+            try:
+                # Let the cancellation land before closing what the attempt opened.
+                await asyncio.wait((connect,))
+            finally:
+                # Closed even if this wait is cancelled in turn (a session stopped as the
+                # attempt gave up): the connection was left half-open, its CONNECT sent.
+                if connect.done() and not connect.cancelled():
+                    connect.exception()  # retrieved: it was reported above, or is moot
+                on_lost(link, None)
 
 
 TLS_PROBE_S = 2.0
