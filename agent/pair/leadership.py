@@ -161,8 +161,7 @@ class Leadership:
         """Watches the lock; returns its holder now."""
         asked_at = time.monotonic()
         holder = await self.lock.observe(self._on_lock_change)
-        self.seen_holder = holder
-        self._saw_holder(holder, live=False, asked_at=asked_at)
+        self.saw_holder(holder, asked_at=asked_at)
         return holder
 
     def standing_by(self) -> None:
@@ -238,7 +237,8 @@ class Leadership:
         early = self.lock_delay.wait_s(time.monotonic()) - (
             self.timing.ttl_s / 2 + 2 * self.round_trips.worst_s
         )
-        if not self.last_holder_was_another or self.seen_holder is not None or early <= 0:
+        looks_free = self.seen_holder is None
+        if not (self.last_holder_was_another and looks_free and early > 0):
             self._deferring = False
             return False
         if not self._deferring:

@@ -119,11 +119,11 @@ class PointSync(PointWrites):
         self._wake = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._decide_as_takeover: Synced | None = None
+        """The next decision is a takeover's, on this base (what the former active last
+        had): after a takeover, and after our own publish in doubt (its record read back)."""
         self._decide_at_next_reading = False
         """A remote change's write was not carried out (unanswered, or not sent): the unit's
         next reading reconciles the point, whatever it holds."""
-        """The next decision is a takeover's, on this base (what the former active last
-        had): after a takeover, and after our own publish in doubt (its record read back)."""
         self._unanswered: PointValue | None = None
         """Our own publish whose answer never came, until the point syncs again."""
         self.reconciled = asyncio.Event()
@@ -156,11 +156,11 @@ class PointSync(PointWrites):
         if self.controller is None:
             return
         self.status.controller = "ok"
+        if not self.wants(state):
+            return
         if self._decide_at_next_reading:
             self._decide_at_next_reading = False
             self.reconcile_soon()
-            return
-        if not self.wants(state):
             return
         if self._reading is None or at >= self._reading[0]:
             self._reading = (at, state)
