@@ -308,9 +308,11 @@ class Health:
         )
 
     def store_seen(self, device: str, value: bytes | None, version: Hlc | None) -> None:
-        """The set point key of `device` holds `value` (a notification, a read)."""
+        """The set point key of `device` holds `value` (a notification, a read): said at the
+        next tick, not at once. A remote change is on the unit a transaction or two later;
+        woken now, health would say the device out of sync for that moment and in sync
+        again (two instance documents, a status line and their answers a change)."""
         self._store[device] = (value, version)
-        self._wake.set()
 
     def store_value(self, device: DeviceView) -> bytes | None:
         """The set point in the store as far as this instance knows: what it saw, or what

@@ -162,14 +162,14 @@ def publish_retained(rig: Rig, topic: str, payload: bytes) -> None:
 
 
 def wait_change(
-    topics: Topics, device: str, source: str, point: str = "setPoint"
+    topics: Topics, device: str, source: str, point: str = "setPoint", value: str | None = None
 ) -> dict[str, Any]:
-    """The active's status of `device` once `point`'s last change is from `source`: that
-    change (value, source, at, version)."""
+    """The active's status of `device` once `point`'s last change is from `source` (and to
+    `value`, if given): that change (value, source, at, version)."""
 
     def said(document: dict[str, Any]) -> bool:
         change = (document.get("changes") or {}).get(point) or {}
-        return bool(change.get("source") == source)
+        return change.get("source") == source and value in (None, change.get("value"))
 
     document: dict[str, Any] = topics.wait(f"devices/{device}/status", said, timeout=20)
     change: dict[str, Any] = document["changes"][point]
