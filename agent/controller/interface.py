@@ -121,6 +121,10 @@ class NotSent(ControllerUnavailable):
     """Refused before a byte went out: the unit is quarantined, the line is down or closed."""
 
 
+class NotReadBeforeWrite(NotSent):
+    """The read that guards a write went unanswered (or failed): the write was not sent."""
+
+
 class InvalidSetpoint(ValueError):
     """A set point that is not a finite number within the limits. Nothing was written."""
 

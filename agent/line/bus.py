@@ -40,6 +40,7 @@ from agent.controller.interface import (
     ControllerFault,
     ControllerState,
     ControllerUnavailable,
+    NotReadBeforeWrite,
     NotSent,
     ReadingChanged,
     Superseded,
@@ -396,7 +397,7 @@ class Bus:
                 _, error = self._carry_out(Op(op.device, Kind.READ), gate)
                 if error is not None:
                     if not self._held_back(op, error):
-                        self._answer(op, error=error)
+                        self._answer(op, error=_not_read(op, error))
                     return
                 self._quiet()
             state = handle.last_state
@@ -597,6 +598,16 @@ class Bus:
             _settle(waiter.future, None, exc)
         for _, future in side_calls:
             _settle(future, None, exc)
+
+
+def _not_read(op: Op, error: BaseException) -> BaseException:
+    """A write's answer when the read that guards it failed: nothing was sent (a refusal
+    or a line that is down says so itself)."""
+    if isinstance(error, WriteNotAllowed | NotSent) or not isinstance(error, ControllerFault):
+        return error
+    return NotReadBeforeWrite(
+        f"{op.device}: write of {op.value} not sent: the read before it failed ({error})"
+    )
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

@@ -45,6 +45,7 @@ from agent.controller.points import Point
 from agent.protocol.hlc import Hlc
 from agent.sync import decisions
 from agent.sync.decisions import (
+    ApplyToController,
     Decision,
     Rules,
     Synced,
@@ -476,7 +477,13 @@ class PointSync(PointWrites):
         """Reads the controller (or takes its newest reading, if taken after `since`),
         decides and carries the decision out; a write goes out only if the unit still holds
         what the decision saw, and one that finds it changed is decided again on the new
-        reading. False when nothing was decided (the unit unread, away, or not driven)."""
+        reading. False when nothing was decided (the unit unread, away, or not driven).
+
+        With `since` (a remote change's arrival), an older reading is decided on too when
+        the decision is a write: the bus reads the unit right before the write goes out
+        (its `fresh_after`), so that read confirms it, and the read a decision would take
+        first is the same transaction one hop sooner. Any other decision on it is made
+        again on a fresh reading."""
         controller = self.controller
         if controller is None or not self._may_write():
             return False
@@ -484,16 +491,20 @@ class PointSync(PointWrites):
         state = controller.last_state
         state_at = controller.last_state_at
         written = controller.last_write_at
-        if state_at is None or state_at < started or (written is not None and state_at < written):
-            # None since `since`, or one from before a write that went unanswered and may
-            # have landed since: deciding on it would record the value the write replaced
-            # and drop the write from those pending, so that the unit holding it later is
-            # taken for a panel change.
+        older = state_at is None or state_at < started
+        if state_at is None or (written is not None and state_at < written):
+            # None yet, or one from before a write that went unanswered and may have landed
+            # since: deciding on it would record the value the write replaced and drop the
+            # write from those pending, so that the unit holding it later is taken for a
+            # panel change.
+            state = None
+        elif older and since is None:
             state = None
         try:
             if state is None:
                 # The whole state in one exchange: telemetry reports it too.
                 state = await controller.read_state()
+                older = False
             if controller.limits is None:
                 await controller.read_limits()
         except ControllerFault as exc:
@@ -501,7 +512,8 @@ class PointSync(PointWrites):
             self.log.debug("%s: controller not readable: %s", what, exc)
             return False
         self.status.controller = "ok"
-        for _ in range(_DECIDE_AGAIN):
+        decided = 0
+        while decided < _DECIDE_AGAIN:
             value = state.value(self.name)
             if value is None:
                 self.log.warning("%s: the unit's reading has no %s", what, self.name)
@@ -513,6 +525,18 @@ class PointSync(PointWrites):
                 self.log.debug("%s: the unit is away; deciding when it is back", what)
                 return False
             decision = decide(value, self._rules(state))
+            if older and not isinstance(decision, ApplyToController):
+                # Decided on a reading from before the change, and not a write that reads
+                # the unit itself: the unit may have been changed at its panel since.
+                try:
+                    state = await controller.read_state()
+                except ControllerFault as exc:
+                    self.status.controller_fault(exc)
+                    self.log.debug("%s: controller not readable: %s", what, exc)
+                    return False
+                older = False
+                continue
+            decided += 1
             changed = await self._carry_out(what, decision, value, started)
             if changed is None or self.controller is None or not self._may_write():
                 return True
@@ -522,7 +546,7 @@ class PointSync(PointWrites):
                 self.name,
                 changed.value(self.name),
             )
-            state = changed
+            state, older = changed, False
         return True
 
     async def _settle(self, controller_value: PointValue) -> None:

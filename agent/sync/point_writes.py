@@ -21,6 +21,7 @@ from agent.controller.interface import (
     Controller,
     ControllerFault,
     ControllerState,
+    NotReadBeforeWrite,
     NotSent,
     PointValue,
     ReadingChanged,
@@ -150,6 +151,8 @@ class PointWrites:
             # Still driving (the lease would not cover it, say): the store keeps the change,
             # and the unit's next reading, which holds the synced value, is no news by itself.
             self._decide_at_next_reading = True
+            if isinstance(exc, NotReadBeforeWrite):
+                self.reconcile_soon()  # the unit missed a read: asked again at once
             return None
         except ControllerFault as exc:
             # It may have reached the controller all the same: it stays pending, and the
