@@ -28,7 +28,8 @@ or faulty (dead) cell; within one transaction of it on a quiet (1s) line; CPU <=
 core at N = 32, 9600 baud. At N = 32, each master's CPU a transaction (the quiet window's CPU
 over the transactions the line carried in it) and a remote change above polling (the changes'
 window's CPU less its transactions at that cost, over the changes); bounds for the agent at
-9600 baud polling flat out: 0.3 ms and 1 ms.
+9600 baud polling flat out: 0.3 ms and 1 ms; its RSS there at most 32 MB, beside the
+peer's.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ TRANSACTION_CPU_S = 0.0003
 """The agent's CPU a transaction: 1 % of a core for a line of 32 at 9600 baud."""
 CHANGE_CPU_S = 0.001
 """The agent's CPU a remote change, above the polling's."""
+RSS_MB = 32.0
+"""The agent's resident memory for a line of 32."""
 DEAD_UNIT = 2
 READ_KINDS = frozenset({"GET STATE", "READ HOLDING", "GET SP"})
 
@@ -408,6 +411,14 @@ def cell_table(cell: Cell, mode: str, agent: Run, peer: Run | None) -> Table:
             + (f", {per_change * 1e3:.1f} ms CPU a change" if run.cpu_quiet is not None else "")
             + f"; line busy {run.line_busy * 100:.0f} %",
         )
+        if cpu_bound:
+            table.add(
+                "agent RSS",
+                f"{run.rss_mb:.1f} MB",
+                f"<= {RSS_MB:.0f} MB",
+                run.rss_mb <= RSS_MB,
+                "" if peer is None else f"the peer {peer.rss_mb:.1f} MB",
+            )
     return table
 
 
