@@ -41,6 +41,7 @@ from agent.runtime.readiness import Readiness
 from agent.runtime.reloading import ReloadVerdicts, runtime_directory
 from agent.runtime.reports import DeviceViews, LineRate, device_snapshot, line_snapshot
 from agent.sync.device import DeviceSync
+from agent.sync.state_file import LaterSaves
 
 log = logging.getLogger("agent")
 
@@ -78,6 +79,7 @@ class Agent:
         self._lease_task: asyncio.Task[None] | None = None
         self._line_rate = LineRate()
         self._device_views = DeviceViews()
+        self.later_saves = LaterSaves()
         self._devices_watched = asyncio.Event()  # every device's keys watched (or left out)
         self._lock_absent_at: float | None = None  # the read that found no lock at start, sent
         self._ended = asyncio.Event()
@@ -213,7 +215,7 @@ class Agent:
         self.leadership.on_lock_seen = self.history.saw_lock
         for device in self.line.devices:
             self.devices[device.id] = make_sync(
-                s, device, self.client, self.leadership.lock, self.may_write
+                s, device, self.client, self.leadership.lock, self.may_write, self.later_saves
             )
         try:
             if not await self._until_stopped(self._subscribe(), stop):
@@ -349,6 +351,7 @@ class Agent:
         await asyncio.gather(*(sync.quiesce(timeout=5) for sync in self.devices.values()))
         for sync in self.devices.values():
             await sync.stop()
+        await self.later_saves.close()
         # Released before the line is closed: closing can take a while (pyserial's close
         # of a socket:// port sleeps), and the standby should not wait for it.
         if was_active and self.leadership is not None:
@@ -672,7 +675,9 @@ class Agent:
                 changes,
                 settings,
                 self.devices,
-                make=lambda device: make_sync(settings, device, client, lock, self.may_write),
+                make=lambda device: make_sync(
+                    settings, device, client, lock, self.may_write, self.later_saves
+                ),
                 watch=self._watch_device,
                 client=client,
                 bus=self.bus,

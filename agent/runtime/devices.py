@@ -20,7 +20,7 @@ from agent.config.devices import DeviceSettings
 from agent.protocol.hlc import Hlc
 from agent.runtime.line import device_profile
 from agent.sync.device import DeviceKeys, DeviceSync
-from agent.sync.state_file import StateFile
+from agent.sync.state_file import LaterSaves, StateFile
 
 log = logging.getLogger("agent")
 
@@ -35,7 +35,9 @@ def make_sync(
     client: StateStoreClient,
     lock: LeasedLock,
     may_write: Callable[[], bool],
+    later: LaterSaves | None = None,
 ) -> DeviceSync:
+    """`later`: where the devices' syncs wait to be saved (agent.sync.state_file)."""
     s = settings
     profile = device_profile(s, device)
     return DeviceSync(
@@ -50,7 +52,7 @@ def make_sync(
             points={name: s.point_key(name, device.id) for name in profile.points},
             lock_of_line=functools.partial(s.keys.of_line, "lock"),
         ),
-        StateFile(s.state_dir, device.id),
+        StateFile(s.state_dir, device.id, later=later),
         logging.LoggerAdapter(log, {"device": device.id}),
         may_write,
         profile,

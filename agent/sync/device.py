@@ -457,4 +457,6 @@ class DeviceSync:
 
 
 def _beside(state_file: StateFile, device_id: str, point: str) -> StateFile:
-    return StateFile(Path(state_file.path.parent), f"{device_id}.{point}", point)
+    return StateFile(
+        Path(state_file.path.parent), f"{device_id}.{point}", point, later=state_file.later
+    )

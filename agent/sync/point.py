@@ -234,8 +234,11 @@ class PointSync(PointWrites):
         synced = decisions.newer(self.status.synced, entry.synced)
         pending = decisions.still_pending((*self.status.pending, *entry.pending), synced)
         if (synced, pending) != (self.status.synced, self.status.pending):
+            # A write of the active's newly pending is saved at once, as the active saves
+            # it; a sync may wait for the next batch.
+            new_write = not set(pending) <= set(self.status.pending)
             self.status.synced, self.status.pending = synced, pending
-            await self._save_locally()
+            await self._save_locally(now=new_write)
 
     # ------------------------------------------------------------------ taking over
 

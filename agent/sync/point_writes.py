@@ -264,7 +264,7 @@ class PointWrites:
             return
         self.status.synced, self.status.pending = synced, pending
         self.status.synced_at = time.time()
-        await self._save_locally()
+        await self._save_locally(now=False)
         if version is not None:
             self._unanswered = self.past.published = None  # synced at a store version: settled
             if not restores:  # a restore answers a refusal: it is no sync since
@@ -299,8 +299,14 @@ class PointWrites:
             self._errors.allowed(self.record.key)
         return written is Written.OK
 
-    async def _save_locally(self) -> None:
+    async def _save_locally(self, *, now: bool = True) -> None:
+        """`now`: before a write goes out (its pending entry); else a sync, which may wait
+        for the next batch of saves (agent.sync.state_file)."""
+        state = self.status.synced, self.status.pending
         try:
-            await self.state_file.store(self.status.synced, self.status.pending)
+            if now:
+                await self.state_file.store(*state)
+            else:
+                await self.state_file.store_soon(*state)
         except OSError as exc:
             self.log.warning("could not save the synced state: %s", exc)

@@ -4,12 +4,14 @@ import asyncio
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.protocol.hlc import Hlc
+from agent.sync import state_file
 from agent.sync.decisions import Synced
-from agent.sync.state_file import StateFile
+from agent.sync.state_file import LaterSaves, StateFile
 
 
 def test_round_trip_and_atomic_replace(tmp_path: Path) -> None:
@@ -82,3 +84,65 @@ def test_a_value_not_of_the_points_kind_is_ignored_with_a_warning(
     file.save(Synced(value, Hlc(5, 0, "n")))  # type: ignore[arg-type]
     assert file.load() == Synced()
     assert "ignoring unreadable state file" in caplog.text
+
+
+def synced_at(n: int) -> Synced:
+    return Synced(20.0 + n, Hlc(1_700_000_000_000 + n, 0, "s"))
+
+
+async def test_syncs_saved_soon_wait_and_go_to_disk_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    later = LaterSaves(within_s=60)
+    files = [StateFile(tmp_path, f"t{n:02d}", later=later) for n in range(10)]
+    turns: list[int] = []
+    real_save_all = state_file._save_all
+
+    def counted(saves: list[Any]) -> None:
+        turns.append(len(saves))
+        real_save_all(saves)
+
+    monkeypatch.setattr(state_file, "_save_all", counted)
+    for n, file in enumerate(files):
+        await file.store_soon(synced_at(n))
+        await file.store_soon(synced_at(n + 100))  # the newest of a file's is what is saved
+    assert not any(file.path.exists() for file in files), "saved at once"
+    await later.close()
+    assert turns == [10], "one worker thread's turn for every file due"
+    assert [file.load() for file in files] == [synced_at(n + 100) for n in range(10)]
+
+
+async def test_a_save_asked_later_is_never_written_over_by_an_earlier_one(tmp_path: Path) -> None:
+    later = LaterSaves(within_s=60)
+    file = StateFile(tmp_path, "t01", later=later)
+    await file.store_soon(synced_at(1), (synced_at(2),))
+    taken = file.take_later()  # the batch took it; its worker turn comes after the next save
+    assert taken is not None
+    await file.store(synced_at(3))  # a write's pending entry, saved at once
+    file.save_state(taken)
+    assert file.load() == synced_at(3)
+    assert file.load_pending() == ()
+    await file.store_soon(synced_at(4))
+    await file.store(synced_at(5))  # supersedes the sync still waiting
+    await later.close()
+    assert file.load() == synced_at(5)
+
+
+async def test_a_file_that_cannot_be_saved_leaves_the_others_saved(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    later = LaterSaves(within_s=60)
+    full = StateFile(tmp_path / "missing" / "unwritable", "t01", later=later)
+    (tmp_path / "missing").write_text("a file where the directory should be")
+    fine = StateFile(tmp_path, "t02", later=later)
+    await full.store_soon(synced_at(1))
+    await fine.store_soon(synced_at(2))
+    await later.close()
+    assert fine.load() == synced_at(2)
+    assert "could not save the synced state" in caplog.text
+
+
+async def test_without_a_batch_a_sync_is_saved_at_once(tmp_path: Path) -> None:
+    file = StateFile(tmp_path, "t01")
+    await file.store_soon(synced_at(1))
+    assert file.load() == synced_at(1)
