@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import getpass
 import shutil
 import socket
@@ -46,6 +47,9 @@ from agent.ops.target import find, usable_name
 from agent.ops.watch import LineWatch
 
 NAME = "agent switchover"
+STALE_S = 2.0
+"""How long `--to` waits for an instance that still says it is the active, though the lock
+says another holds it, to say it is a standby."""
 
 
 def register(subparsers: Any) -> None:
@@ -88,6 +92,32 @@ def _fail(message: str, code: int = EXIT_NOT_APPLIED) -> int:
     return code
 
 
+def _standbys(report: view.Report, holder: str) -> list[str]:
+    return [r.instance for r in report.instances if r.instance != holder and r.can_take_over]
+
+
+async def _word_of_a_former_active(
+    watch: LineWatch, retained: Retained, report: view.Report, name: str, wait_s: float
+) -> view.Report:
+    """The line once `name` no longer says it is the active (STALE_S at most, `wait_s` if
+    shorter): an instance that says so while the lock says another holds it has handed the
+    line over a moment ago (a switchover just before this one), and its word as a standby
+    is on its way."""
+    deadline = time.monotonic() + min(wait_s, STALE_S)
+    while any(
+        r.instance == name and r.up and r.role == "active, no lock" for r in report.instances
+    ):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        retained.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(left):
+                await retained.changed.wait()
+        report = view.assess(await watch.read(), time.time())
+    return report
+
+
 async def switchover(
     client: StateStoreClient, args: argparse.Namespace, templates: KeyTemplates
 ) -> int:
@@ -106,7 +136,12 @@ async def switchover(
     old = report.holder
     if args.to == old:
         return _fail(f"{old} is already the active of line {line}")
-    standbys = [r.instance for r in report.instances if r.instance != old and r.can_take_over]
+    standbys = _standbys(report, old)
+    if args.to is not None and args.to not in standbys and not args.force:
+        report = await _word_of_a_former_active(watch, retained, report, args.to, args.wait)
+        if report.holder != old:
+            return _fail(f"the lock of line {line} changed hands meanwhile: try again")
+        standbys = _standbys(report, old)
     if args.to is not None and args.to not in standbys and not args.force:
         shown = ", ".join(standbys) or "none"
         return _fail(f"{args.to} is not a standby that is up (standbys up: {shown})")
