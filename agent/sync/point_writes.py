@@ -122,13 +122,17 @@ class PointWrites:
     ) -> ControllerState | None:
         intent = Synced(decision.value, decision.version)
         pending = decisions.still_pending((*self.status.pending, intent), self.status.synced)
-        # The write is recorded before it goes out: a write whose answer never comes, or
-        # one this instance makes just before it is cut off, is known to be the agent's.
-        if not await self.write_record(pending):
+        # The write is recorded before it goes out, in the store and on disk at once: a
+        # write whose answer never comes, or one this instance makes just before it is cut
+        # off, is known to be the agent's.
+        recorded, _ = await asyncio.gather(
+            self.write_record(pending), self._save_locally(pending=pending)
+        )
+        if not recorded:
             self.log.info("write of %s held back: its pending record was not written", intent.value)
+            await self._save_locally()  # the disk without it again
             return None
         self.status.pending = pending
-        await self._save_locally()
         controller = self.controller
         if controller is None:  # handed back while the record was written (stepped down)
             self._forget_pending(intent)
@@ -299,10 +303,12 @@ class PointWrites:
             self._errors.allowed(self.record.key)
         return written is Written.OK
 
-    async def _save_locally(self, *, now: bool = True) -> None:
-        """`now`: before a write goes out (its pending entry); else a sync, which may wait
-        for the next batch of saves (agent.sync.state_file)."""
-        state = self.status.synced, self.status.pending
+    async def _save_locally(
+        self, *, now: bool = True, pending: tuple[Synced, ...] | None = None
+    ) -> None:
+        """`now`: before a write goes out (its pending entry, `pending` if given); else a
+        sync, which may wait for the next batch of saves (agent.sync.state_file)."""
+        state = self.status.synced, self.status.pending if pending is None else pending
         try:
             if now:
                 await self.state_file.store(*state)
