@@ -29,7 +29,8 @@ core at N = 32, 9600 baud. At N = 32, each master's CPU a transaction (the quiet
 over the transactions the line carried in it) and a remote change above polling (the changes'
 window's CPU less its transactions at that cost, over the changes); bounds for the agent at
 9600 baud polling flat out: 0.3 ms and 1 ms; its RSS there at most 32 MB, beside the
-peer's.
+peer's. Beside them, a change's CPU by thread (the event loop, the bus, the workers that save
+the state files), each above its own quiet rate a second: where a change's cost is.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from tests.bench.line_cells import (
     quantile,
     store_round_trips,
     summary,
+    thread_cpu,
 )
 
 FLOOR_FACTOR = 1.3
@@ -92,6 +94,9 @@ class Run:
     """The machine's load average when the changes were over."""
     """The share of the time the line was held while the changes were made."""
     rss_mb: float = 0.0
+    quiet_threads: dict[str, float] = field(default_factory=dict)
+    change_threads: dict[str, float] = field(default_factory=dict)
+    """CPU seconds by thread (event loop, bus, workers) in the quiet window and the changes'."""
     quiet_transactions: int = 0
     change_transactions: int = 0
     """Transactions on the line in the quiet window and while the changes were made."""
@@ -278,13 +283,16 @@ def measure(directory: Path, cell: Cell, mode: str, master: str, args: argparse.
         run.rtts = store_round_trips(rig, 50)
         if cell.units == 32 and args.quiet_s > 0:
             cpu0, t0, quiet0 = cpu_time(process_pid), time.monotonic(), rig.last_seq()
+            threads0 = thread_cpu(process_pid)
             time.sleep(args.quiet_s)
             run.quiet_window_s = time.monotonic() - t0
             run.cpu_quiet = (cpu_time(process_pid) - cpu0) / run.quiet_window_s
             run.quiet_transactions = rig.last_seq() - quiet0
+            run.quiet_threads = by_role(process_pid, threads0, thread_cpu(process_pid))
         rng = random.Random(f"{cell}-{mode}")
         addresses = [a for a in range(1, cell.units + 1) if not (dead and a == DEAD_UNIT)]
         cpu0, t0, seq0 = cpu_time(process_pid), time.monotonic(), rig.last_seq()
+        threads0 = thread_cpu(process_pid)
         for index in range(args.changes):
             time.sleep(rng.uniform(0.05, 0.25))  # at any moment of the cycle
             address = rng.choice(addresses)
@@ -301,6 +309,10 @@ def measure(directory: Path, cell: Cell, mode: str, master: str, args: argparse.
                 agent.drain()
         window = run.window_s = time.monotonic() - t0
         run.cpu_changes = (cpu_time(process_pid) - cpu0) / window
+        if run.quiet_threads:
+            run.change_threads = by_role(
+                process_pid, threads0, thread_cpu(process_pid), bus=run.quiet_threads["bus id"]
+            )
         run.change_transactions = rig.last_seq() - seq0
         run.changes_per_s = args.changes / window
         busy = rig.background.call(lambda: [r.busy_s for r in rig.device.records_since(seq0)])
@@ -313,6 +325,23 @@ def measure(directory: Path, cell: Cell, mode: str, master: str, args: argparse.
             peer.stop()
         rig.close()
     return run
+
+
+def by_role(
+    pid: int, before: dict[int, float], after: dict[int, float], bus: float | None = None
+) -> dict[str, float]:
+    """A window's CPU seconds by thread: the event loop's (the main thread), the bus's
+    (thread id `bus`, else the busiest other thread, which on a quiet line polled flat
+    out is the bus's) and the rest (the workers that save the state files)."""
+    used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    others = {tid: t for tid, t in used.items() if tid != pid}
+    bus_id = int(bus) if bus is not None else max(others, key=others.__getitem__, default=0)
+    return {
+        "event loop": used.get(pid, 0.0),
+        "bus": others.get(bus_id, 0.0),
+        "workers": sum(t for tid, t in others.items() if tid != bus_id),
+        "bus id": float(bus_id),
+    }
 
 
 def cpu_ms(seconds: float) -> str:
@@ -411,6 +440,23 @@ def cell_table(cell: Cell, mode: str, agent: Run, peer: Run | None) -> Table:
             + (f", {per_change * 1e3:.1f} ms CPU a change" if run.cpu_quiet is not None else "")
             + f"; line busy {run.line_busy * 100:.0f} %",
         )
+        if run.change_threads and run.quiet_threads:
+            made = max(1, len(run.changes) + run.lost)
+            above = {
+                role: (
+                    run.change_threads[role]
+                    - run.quiet_threads[role] / run.quiet_window_s * run.window_s
+                )
+                / made
+                for role in ("event loop", "bus", "workers")
+            }
+            table.add(
+                f"{run.master} CPU a change above the quiet line's, by thread",
+                " / ".join(f"{cpu_ms(t)}" for t in above.values()),
+                "",
+                None,
+                "event loop / bus / workers (a second's quiet CPU taken off, not a transaction's)",
+            )
         if cpu_bound:
             table.add(
                 "agent RSS",

@@ -202,6 +202,17 @@ def cpu_time(pid: int) -> float:
     return total / 1e9
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU time of each of a process's live threads so far (seconds, by thread id)."""
+    times = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            times[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return times
+
+
 def nodelay(rig: LineRig) -> None:
     sock = rig.client.client.socket()
     assert isinstance(sock, socket.socket)
