@@ -102,7 +102,10 @@ async def _word_of_a_former_active(
     """The line once `name` no longer says it is the active (STALE_S at most, `wait_s` if
     shorter): an instance that says so while the lock says another holds it has handed the
     line over a moment ago (a switchover just before this one), and its word as a standby
-    is on its way."""
+    is on its way. The line is read again at each word of its own, not at every message."""
+    topic = watch.health.instance_topic(watch.line, name)
+    heard = asyncio.Event()
+    retained.on_message(lambda message: heard.set() if message.topic == topic else None)
     deadline = time.monotonic() + min(wait_s, STALE_S)
     while any(
         r.instance == name and r.up and r.role == "active, no lock" for r in report.instances
@@ -110,10 +113,10 @@ async def _word_of_a_former_active(
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        retained.changed.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(left):
-                await retained.changed.wait()
+                await heard.wait()
+        heard.clear()
         report = view.assess(await watch.read(), time.time())
     return report
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
+from agent.config.health import HealthSettings
+from agent.message import Message
 from agent.ops import view
 from agent.ops.switchover_cli import _word_of_a_former_active
 from agent.ops.view import LineSnapshot
@@ -35,10 +38,15 @@ def health(instance: str, role: str) -> dict[str, Any]:
 class Watch:
     """gw2 holds the lock; gw1 says what `roles` says, in turn, one word a read."""
 
+    line = "floor3"
+    health = HealthSettings()
+
     def __init__(self, *roles: str) -> None:
         self.roles = list(roles)
+        self.reads = 0
 
     async def read(self) -> LineSnapshot:
+        self.reads += 1
         role = self.roles.pop(0) if len(self.roles) > 1 else self.roles[0]
         return LineSnapshot(
             "floor3",
@@ -49,8 +57,17 @@ class Watch:
 
 
 class Retained:
+    """Tells its listeners of each message `say()` gives it."""
+
     def __init__(self) -> None:
-        self.changed = asyncio.Event()
+        self.listeners: list[Callable[[Message], None]] = []
+
+    def on_message(self, listener: Callable[[Message], None]) -> None:
+        self.listeners.append(listener)
+
+    def say(self, topic: str) -> None:
+        for listener in self.listeners:
+            listener(Message(topic, b"{}"))
 
 
 async def test_the_former_actives_word_as_a_standby_is_waited_for() -> None:
@@ -61,8 +78,11 @@ async def test_the_former_actives_word_as_a_standby_is_waited_for() -> None:
         _word_of_a_former_active(watch, retained, report, "gw1", 10.0)  # type: ignore[arg-type]
     )
     await asyncio.sleep(0)
+    retained.say("devices/t01/status")  # another topic's message: not gw1's word
+    await asyncio.sleep(0.05)
     assert not waiting.done()
-    retained.changed.set()  # gw1's health document, saying it is a standby
+    assert watch.reads == 1, "the line read again for a message that was not gw1's"
+    retained.say(Watch.health.instance_topic("floor3", "gw1"))  # saying it is a standby
     report = await asyncio.wait_for(waiting, 5)
     assert any(r.instance == "gw1" and r.can_take_over for r in report.instances)
 
