@@ -273,9 +273,11 @@ class PointSync(PointWrites):
                 (*self.status.pending, *entry.pending), self.status.synced
             )
         synced = self.status.synced if entry is None else entry.synced
+        refused = False
         if entry is not None:
             store = StoreReading(store_raw, store_version, self.client.delivered_since(self.key))
-            if not self.past.take_former_publish(entry, marked_at, store):
+            refused = not self.past.take_former_publish(entry, marked_at, store)
+            if refused:
                 self.log.info(
                     "takeover: the former active's publish of %s %s never reached the store "
                     "(refused): the controller's value is a panel change still to publish",
@@ -285,6 +287,13 @@ class PointSync(PointWrites):
         # Until the takeover's reconcile decides, every record names the publish it counts as
         # the store's (a store that lost its contents lost the record that named it).
         self.enter_in_record(synced=decisions.newer(self.status.synced, synced))
+        if refused:
+            # Said in the store at once, the marker dropped: the fences just rewrote the key
+            # after the record, so that to the next takeover the key looks newer than the
+            # marker, a refused publish like an accepted one with a remote change after it
+            # (a 15-minute soak: this instance frozen before its next record, the next
+            # active wrote the remote change over the panel change).
+            await self.write_entered()
         self._decide_as_takeover = synced
         self._wake.set()
         return store_version is not None and (

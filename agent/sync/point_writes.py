@@ -291,6 +291,10 @@ class PointWrites:
         """The device's sync record in the store with this point's entry, fenced; True once
         the store has it (or the broker's rules refuse it: nobody reads it then)."""
         self.enter_in_record(pending)
+        return await self.write_entered()
+
+    async def write_entered(self) -> bool:
+        """The device's sync record in the store as its entries stand (write_record)."""
         written = await self.record.write()
         if written is Written.FENCED:
             self.status.counters.fenced_writes_rejected += 1

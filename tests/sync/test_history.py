@@ -162,3 +162,43 @@ async def test_a_takeover_counts_the_marked_publish_as_it_saw_the_key(
     await sync.take_over(object(), entry, marked_at)  # type: ignore[arg-type]
     # Refused: the controller's 16.5 is a panel change still to publish.
     assert sync.past.published == (16.5 if accepted else None)
+
+
+class FencedStore(StoreAfterTheRemoteChange):
+    """The same store, keeping what is written to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[tuple[str, bytes]] = []
+
+    async def fenced_set(self, key: str, value: bytes, **_: Any) -> SetResult:
+        self.written.append((key, value))
+        return SetResult(True, v(10))
+
+
+@pytest.mark.parametrize("accepted", [True, False])
+async def test_a_takeover_that_finds_the_marked_publish_refused_says_so_in_the_store_at_once(
+    tmp_path: Path, accepted: bool
+) -> None:
+    """The 15-minute soak's lost panel change: this instance took over, found the former
+    active's publish of 16.5 refused, and was frozen before its next record; the fences it
+    had sent rewrote the key after the record, so that the next active, which had not seen
+    the key before them, took the marker for an accepted publish and the key's 19.5 for a
+    remote change after it, and wrote it over the panel change."""
+    store = FencedStore()
+    sync = point_sync(tmp_path, SET_POINT, store)
+    seen = [(b"18.0", 1), (b"20.0", 4), (b"23.0", 6)]
+    if accepted:
+        seen.insert(2, (b"16.5", 5))
+        seen[3:] = [(b"23.0", 7)]
+    for raw, version in seen:
+        sync.past.history.saw(float(raw), v(version))
+    sync.record.update("setPoint", Synced(18.0, v(1)), (), published=16.5)
+    entry = PointRecord(Synced(18.0, v(1)), published=16.5, published_after=v(3))
+    await sync.take_over(object(), entry, v(6) if accepted else v(5))  # type: ignore[arg-type]
+    records = [value for key, value in store.written if key == "t01\\synced"]
+    if accepted:
+        assert records == [], "the record written before the takeover decided"
+    else:
+        assert records, "the refusal was not said in the store"
+        assert b"16.5" not in records[-1], records[-1]
