@@ -23,9 +23,10 @@ LONG_BECAUSE = "long because"
 
 # Bottom to top. A room may import the rooms named for it; `agent.cli` finds the
 # subcommands' modules by name at run time and is checked by its own test below.
-BASE = {"protocol", "backoff", "message", "logs", "config", "tally"}
+BASE = {"protocol", "backoff", "message", "logs", "config", "tally", "files"}
 MAY_IMPORT: dict[str, set[str]] = {
     "protocol": set(),
+    "files": set(),
     "backoff": set(),
     "tally": set(),
     "message": set(),

@@ -55,6 +55,7 @@ from agent.emulator.log_records import (
     replay,
 )
 from agent.emulator.store import Entry
+from agent.files import fsync_directory, write_all
 from agent.protocol.hlc import Hlc
 
 log = logging.getLogger(__name__)
@@ -553,18 +554,3 @@ def lock_directory(directory: Path) -> int:
 
 def _estimate(entries: dict[bytes, Entry]) -> int:
     return sum(len(key) + len(entry.value) + 48 for key, entry in entries.items())
-
-
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]

@@ -16,11 +16,10 @@ from agent.emulator.log_records import replay, salvage
 from agent.emulator.persistence import (
     LOG_NAME,
     PersistenceError,
-    fsync_directory,
     lock_directory,
     read_log,
-    write_all,
 )
+from agent.files import fsync_directory, write_all
 
 
 @dataclass(frozen=True, slots=True)

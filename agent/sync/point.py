@@ -504,25 +504,21 @@ class PointSync(PointWrites):
         state_at = controller.last_state_at
         written = controller.last_write_at
         older = state_at is None or state_at < started
-        if state_at is None or (written is not None and state_at < written):
-            # None yet, or one from before a write that went unanswered and may have landed
-            # since: deciding on it would record the value the write replaced and drop the
-            # write from those pending, so that the unit holding it later is taken for a
-            # panel change.
-            state = None
-        elif older and since is None:
-            state = None
-        try:
+        before_write = written is not None and state_at is not None and state_at < written
+        if state_at is None or before_write or (older and since is None):
+            # None yet, not one since `started` for an operation of its own, or one from
+            # before a write that went unanswered and may have landed since: deciding on
+            # that would record the value the write replaced and drop the write from those
+            # pending, so that the unit holding it later is taken for a panel change.
+            state, older = await self._read(controller, what), False
             if state is None:
-                # The whole state in one exchange: telemetry reports it too.
-                state = await controller.read_state()
-                older = False
-            if controller.limits is None:
+                return False
+        if controller.limits is None:
+            try:
                 await controller.read_limits()
-        except ControllerFault as exc:
-            self.status.controller_fault(exc)
-            self.log.debug("%s: controller not readable: %s", what, exc)
-            return False
+            except ControllerFault as exc:
+                self._unreadable(what, exc)
+                return False
         self.status.controller = "ok"
         decided = 0
         while decided < _DECIDE_AGAIN:
@@ -540,13 +536,9 @@ class PointSync(PointWrites):
             if older and not isinstance(decision, ApplyToController):
                 # Decided on a reading from before the change, and not a write that reads
                 # the unit itself: the unit may have been changed at its panel since.
-                try:
-                    state = await controller.read_state()
-                except ControllerFault as exc:
-                    self.status.controller_fault(exc)
-                    self.log.debug("%s: controller not readable: %s", what, exc)
+                state, older = await self._read(controller, what), False
+                if state is None:
                     return False
-                older = False
                 continue
             decided += 1
             changed = await self._carry_out(what, decision, value, started)
@@ -560,6 +552,19 @@ class PointSync(PointWrites):
             )
             state, older = changed, False
         return True
+
+    async def _read(self, controller: Controller, what: str) -> ControllerState | None:
+        """The unit's whole state now, in one exchange (telemetry reports it too); None
+        when it does not answer."""
+        try:
+            return await controller.read_state()
+        except ControllerFault as exc:
+            self._unreadable(what, exc)
+            return None
+
+    def _unreadable(self, what: str, exc: ControllerFault) -> None:
+        self.status.controller_fault(exc)
+        self.log.debug("%s: controller not readable: %s", what, exc)
 
     async def _settle(self, controller_value: PointValue) -> None:
         """A controller that holds a write of ours still pending holds our write, not a

@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from agent.controller.points import SET_POINT
+from agent.files import fsync_directory, write_all
 from agent.protocol.hlc import Hlc, HlcError
 from agent.sync.decisions import Synced
 from agent.sync.record import point_value
@@ -178,9 +179,7 @@ class StateFile:
         # writes of json.dump cost a third of a save's CPU, twice a remote change.
         try:
             try:
-                remaining = memoryview(body)
-                while remaining:  # a regular file's write may be short (a full disk)
-                    remaining = remaining[os.write(fd, remaining) :]
+                write_all(fd, body)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -189,8 +188,4 @@ class StateFile:
             Path(tmp).unlink(missing_ok=True)
             raise
         # The rename itself must reach the disk, or a power cut could undo it.
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_directory(self.path.parent)

@@ -94,6 +94,8 @@ class Run:
     """The machine's load average when the changes were over."""
     """The share of the time the line was held while the changes were made."""
     rss_mb: float = 0.0
+    bus_thread: int = 0
+    """The bus's thread id (the busiest but the event loop's on the quiet line)."""
     quiet_threads: dict[str, float] = field(default_factory=dict)
     change_threads: dict[str, float] = field(default_factory=dict)
     """CPU seconds by thread (event loop, bus, workers) in the quiet window and the changes'."""
@@ -288,7 +290,12 @@ def measure(directory: Path, cell: Cell, mode: str, master: str, args: argparse.
             run.quiet_window_s = time.monotonic() - t0
             run.cpu_quiet = (cpu_time(process_pid) - cpu0) / run.quiet_window_s
             run.quiet_transactions = rig.last_seq() - quiet0
-            run.quiet_threads = by_role(process_pid, threads0, thread_cpu(process_pid))
+            used = spent(threads0, thread_cpu(process_pid))
+            # Polled flat out, the busiest thread but the event loop's is the bus's.
+            run.bus_thread = max(
+                (tid for tid in used if tid != process_pid), key=used.__getitem__, default=0
+            )
+            run.quiet_threads = by_role(used, process_pid, run.bus_thread)
         rng = random.Random(f"{cell}-{mode}")
         addresses = [a for a in range(1, cell.units + 1) if not (dead and a == DEAD_UNIT)]
         cpu0, t0, seq0 = cpu_time(process_pid), time.monotonic(), rig.last_seq()
@@ -310,9 +317,8 @@ def measure(directory: Path, cell: Cell, mode: str, master: str, args: argparse.
         window = run.window_s = time.monotonic() - t0
         run.cpu_changes = (cpu_time(process_pid) - cpu0) / window
         if run.quiet_threads:
-            run.change_threads = by_role(
-                process_pid, threads0, thread_cpu(process_pid), bus=run.quiet_threads["bus id"]
-            )
+            used = spent(threads0, thread_cpu(process_pid))
+            run.change_threads = by_role(used, process_pid, run.bus_thread)
         run.change_transactions = rig.last_seq() - seq0
         run.changes_per_s = args.changes / window
         busy = rig.background.call(lambda: [r.busy_s for r in rig.device.records_since(seq0)])
@@ -327,20 +333,18 @@ def measure(directory: Path, cell: Cell, mode: str, master: str, args: argparse.
     return run
 
 
-def by_role(
-    pid: int, before: dict[int, float], after: dict[int, float], bus: float | None = None
-) -> dict[str, float]:
-    """A window's CPU seconds by thread: the event loop's (the main thread), the bus's
-    (thread id `bus`, else the busiest other thread, which on a quiet line polled flat
-    out is the bus's) and the rest (the workers that save the state files)."""
-    used = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
-    others = {tid: t for tid, t in used.items() if tid != pid}
-    bus_id = int(bus) if bus is not None else max(others, key=others.__getitem__, default=0)
+def spent(before: dict[int, float], after: dict[int, float]) -> dict[int, float]:
+    """Each thread's CPU seconds between two readings of thread_cpu."""
+    return {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+
+
+def by_role(used: dict[int, float], loop_thread: int, bus_thread: int) -> dict[str, float]:
+    """A window's CPU seconds by thread: the event loop's (the main thread), the bus's and
+    the rest (the workers that save the state files)."""
     return {
-        "event loop": used.get(pid, 0.0),
-        "bus": others.get(bus_id, 0.0),
-        "workers": sum(t for tid, t in others.items() if tid != bus_id),
-        "bus id": float(bus_id),
+        "event loop": used.get(loop_thread, 0.0),
+        "bus": used.get(bus_thread, 0.0),
+        "workers": sum(t for tid, t in used.items() if tid not in (loop_thread, bus_thread)),
     }
 
 

@@ -11,41 +11,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.client.statestore import KeyChange, SetResult
+from agent.client.statestore import KeyChange
 from agent.controller.interface import ControllerState, Limits
 from agent.controller.points import SET_POINT
-from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Rules, Synced
-from tests.sync.support import point_sync
+from tests.sync.support import KeyStore, point_sync, v
 
 LIMITS = Limits(5.0, 35.0, 0.5)
 
 
-def v(n: int) -> Hlc:
-    return Hlc(1_700_000_000_000 + n, 0, "s")
-
-
 def at(setpoint: float) -> ControllerState:
     return ControllerState(setpoint, 21.0, None, None)
-
-
-class Store:
-    """The key holds the remote change, 22.0; every fenced write is accepted."""
-
-    def __init__(self) -> None:
-        self.token = v(10)
-        self.published: list[tuple[str, bytes]] = []
-
-    async def get(self, key: str, **_: Any) -> tuple[bytes | None, Hlc | None]:
-        return b"22.0", v(5)
-
-    async def fenced_set(self, key: str, value: bytes, **_: Any) -> SetResult:
-        if not key.endswith("synced"):
-            self.published.append((key, value))
-        return SetResult(True, v(20))
-
-    def delivered_since(self, key: str) -> Hlc | None:
-        return None
 
 
 class Unit:
@@ -75,8 +51,13 @@ class Unit:
         return value
 
 
-async def change_after(tmp_path: Path, unit: Unit, arrived: float) -> Store:
-    store = Store()
+def published(store: KeyStore) -> list[tuple[str, bytes]]:
+    """The writes of the point's key (not of the sync record)."""
+    return [(key, value) for key, value in store.writes if not key.endswith("synced")]
+
+
+async def change_after(tmp_path: Path, unit: Unit, arrived: float) -> KeyStore:
+    store = KeyStore(b"22.0")
     sync = point_sync(tmp_path, SET_POINT, store)
     sync._rules = lambda state: Rules(SET_POINT, LIMITS)  # type: ignore[method-assign]
     sync.controller = unit  # type: ignore[assignment]
@@ -98,7 +79,7 @@ async def test_a_write_decided_on_an_older_reading_is_left_to_the_read_before_it
     # The bus reads the unit right before the write, and sends it only if it holds 20.0.
     assert options["expected"] == 20.0
     assert options["fresh_after"] == arrived
-    assert store.published == []
+    assert published(store) == []
 
 
 async def test_any_other_decision_on_an_older_reading_is_made_again_on_a_fresh_one(
@@ -112,4 +93,4 @@ async def test_any_other_decision_on_an_older_reading_is_made_again_on_a_fresh_o
     store = await change_after(tmp_path, unit, arrived)
     assert unit.reads == 1
     assert [value for value, _ in unit.writes] == [22.0]
-    assert store.published == [], "a value the unit held before the change was published"
+    assert published(store) == [], "a value the unit held before the change was published"

@@ -11,38 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent.client.statestore import SetResult
 from agent.controller.interface import ControllerState, Limits, ReadingChanged
 from agent.controller.points import FAN
-from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Rules, Synced
-from tests.sync.support import point_sync
-
-
-def v(n: int) -> Hlc:
-    return Hlc(1_700_000_000_000 + n, 0, "s")
+from tests.sync.support import KeyStore, point_sync, v
 
 
 def fan(value: str) -> ControllerState:
     return ControllerState(21.0, 20.0, None, None, {"fan": value})
-
-
-class Store:
-    """The key holds `high`, a remote change newer than anything the unit was synced at."""
-
-    def __init__(self) -> None:
-        self.token = v(10)
-        self.writes: list[tuple[str, bytes]] = []
-
-    async def get(self, key: str, **_: Any) -> tuple[bytes | None, Hlc | None]:
-        return b"high", v(5)
-
-    async def fenced_set(self, key: str, value: bytes, **_: Any) -> SetResult:
-        self.writes.append((key, value))
-        return SetResult(True, v(20 + len(self.writes)))
-
-    def delivered_since(self, key: str) -> Hlc | None:
-        return None
 
 
 class TurnedAtThePanel:
@@ -74,7 +50,7 @@ class TurnedAtThePanel:
 async def test_a_change_found_by_the_takeovers_write_is_published_not_written_over(
     tmp_path: Path,
 ) -> None:
-    store = Store()
+    store = KeyStore(b"high")
     sync = point_sync(tmp_path, FAN, store)
     sync._rules = lambda state: Rules(FAN, None)  # type: ignore[method-assign]
     unit = TurnedAtThePanel()

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent.client.statestore import KeyChange, SetResult
+from agent.client.statestore import KeyChange
 from agent.controller.interface import (
     ControllerState,
     ControllerUnavailable,
@@ -20,33 +20,12 @@ from agent.controller.interface import (
     NotSent,
 )
 from agent.controller.points import SET_POINT
-from agent.protocol.hlc import Hlc
 from agent.sync.decisions import Rules, Synced
-from tests.sync.support import point_sync
-
-
-def v(n: int) -> Hlc:
-    return Hlc(1_700_000_000_000 + n, 0, "s")
+from tests.sync.support import KeyStore, point_sync, v
 
 
 def at(setpoint: float) -> ControllerState:
     return ControllerState(setpoint, 21.0, None, None)
-
-
-class Store:
-    """The key holds the remote change, 19.0."""
-
-    def __init__(self) -> None:
-        self.token = v(10)
-
-    async def get(self, key: str, **_: Any) -> tuple[bytes | None, Hlc | None]:
-        return b"19.0", v(5)
-
-    async def fenced_set(self, key: str, value: bytes, **_: Any) -> SetResult:
-        return SetResult(True, v(20))
-
-    def delivered_since(self, key: str) -> Hlc | None:
-        return None
 
 
 class LateOnce:
@@ -90,7 +69,7 @@ class LateOnce:
 async def test_a_write_not_carried_out_is_decided_again_at_the_next_reading(
     tmp_path: Path, fault: Exception
 ) -> None:
-    sync = point_sync(tmp_path, SET_POINT, Store())
+    sync = point_sync(tmp_path, SET_POINT, KeyStore(b"19.0"))
     sync._rules = lambda state: Rules(SET_POINT, Limits(5.0, 35.0, 0.5))  # type: ignore[method-assign]
     unit = LateOnce(fault)
     sync.controller = unit  # type: ignore[assignment]
