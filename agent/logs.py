@@ -357,7 +357,7 @@ def setup(
     handler = make_handler(stream=stream, environ=env, journal_socket=journal_socket)
     logging.basicConfig(level=level_name, handlers=[handler], force=True)
     # Library chatter (gmqtt logs every packet at INFO) is not an operator's event.
-    for noisy in ("gmqtt", "apscheduler", "pymodbus"):
+    for noisy in ("gmqtt", "pymodbus"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     return handler
 

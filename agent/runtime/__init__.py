@@ -1,2 +1,2 @@
-"""The agent process: the active/standby role, the scheduler, telemetry, systemd, and
+"""The agent process: the active/standby role, the periodic jobs, telemetry, systemd, and
 `agent --simulate`."""

@@ -1,10 +1,9 @@
 """Notices wall-clock steps (NTP) by comparing the wall clock with the monotonic clock, and
 times when this process did not run at all.
 
-APScheduler computes run times on the wall clock: after a step back it would wait out
-the step before the next renewal. Lease safety never depends on it (the lease deadline is
-on the monotonic clock), but a stall would cost a needless failover, so on a step the
-jobs are run again at once.
+Nothing the agent times runs on the wall clock (the lease, its renewals and the periodic
+jobs keep to the monotonic one): a step is said because every timestamp moves with it, in
+the logs, the telemetry and the store's hybrid logical clock.
 """
 
 from __future__ import annotations

@@ -31,16 +31,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.client.session import Session, SessionError
-from agent.config import AgentSettings
 from agent.message import Message
 from agent.pair.leadership import Role
 from agent.protocol.hlc import Hlc
 from agent.runtime.telemetry import Snapshot
 from agent.sync import decisions
 from agent.sync.decisions import InvalidRemoteValue
+
+if TYPE_CHECKING:
+    from agent.config import AgentSettings
 
 log = logging.getLogger("agent")
 
@@ -229,7 +231,7 @@ class InstanceView:
     connected: bool
     """The session is connected to the broker."""
     healthy: bool
-    """The session, the scheduler and the clock watch are running."""
+    """The session, the periodic jobs and the clock watch are running."""
     line_up: bool | None
     """The port is open and usable (None: the line is not open)."""
     token: Hlc | None

@@ -1,26 +1,63 @@
-"""How the agent's periodic jobs run under APScheduler: one at a time, a late run folded into
-the next, and a cancellation by a stop that ends a job quietly."""
+"""The agent's periodic jobs (the reconcile safety net, telemetry): each a task of its own on
+the monotonic clock, one run at a time, a late run folded into the next, a run that fails
+said and the next one kept, a stop that cancels a run ending it quietly.
+
+On the monotonic clock, a wall-clock step (NTP) neither delays nor hurries them. This
+replaces APScheduler, whose scheduler runs on the wall clock (the agent had to notice steps
+and reschedule) and whose import (its executors bring multiprocessing, its plugins
+importlib.metadata and email) cost the running process about 4 MB of a gateway's memory for
+two interval timers.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import logging
+import math
+import random
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-OPTIONS: dict[str, Any] = {"coalesce": True, "max_instances": 1, "misfire_grace_time": 5}
+log = logging.getLogger("agent")
 
 
-def ends_quietly(job: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
-    """`job`, returning when a stop cancels it: the scheduler's executor logs a cancelled
-    job as one that failed, with its traceback (a soak saw it at a SIGTERM that caught the
-    telemetry job waiting for a PUBACK)."""
+# --------------------------------------------------------------------------- pure
 
-    @functools.wraps(job)
-    async def run() -> None:
+
+def next_due(start: float, interval_s: float, now: float) -> float:
+    """The first due time of a schedule (`start`, then every `interval_s`) that is not past
+    at `now`: runs missed while the previous one ran, or the process stalled, fold into it."""
+    if now <= start:
+        return start
+    due = start + math.ceil((now - start) / interval_s) * interval_s
+    return due if due >= now else due + interval_s  # the division rounded down
+
+
+# --------------------------------------------------------------------------- the task
+
+
+async def every(
+    name: str,
+    interval_s: float,
+    job: Callable[[], Awaitable[None]],
+    *,
+    first_s: float | None = None,
+    jitter_s: float = 0.0,
+    clock: Callable[[], float] = time.monotonic,
+    jitter: Callable[[float], float] = lambda most: random.uniform(0.0, most),
+) -> None:
+    """Runs `job` every `interval_s` (the first after `first_s`, by default one interval),
+    each run up to `jitter_s` after its due time, until cancelled."""
+    start = clock() + (interval_s if first_s is None else first_s)
+    due = start
+    while True:
+        wait = due + (jitter(jitter_s) if jitter_s else 0.0) - clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
         try:
-            await job()
-        except asyncio.CancelledError:
-            return
-
-    return run
+            await job()  # a stop cancels it: the task ends, and nothing is said
+        except Exception as exc:
+            log.error("periodic %s failed (%s: %s): runs again in %.0f s",
+                      name, type(exc).__name__, exc, interval_s)  # fmt: skip
+            log.debug("periodic %s failed", name, exc_info=True)
+        due = next_due(start, interval_s, max(clock(), due + interval_s / 2))

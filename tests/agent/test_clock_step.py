@@ -1,8 +1,8 @@
 """A wall-clock step (NTP) must neither stall lease renewals nor break safety.
 
-APScheduler runs its jobs on the wall clock: after a step back it would wait out the step
-before renewing the lease. The agent's clock guard notices the step and runs the jobs at
-once; these tests step the active's wall clock and watch its renewals in the store.
+Nothing the agent times keeps to the wall clock (the lease, its renewals and the periodic
+jobs run on the monotonic one); its clock guard says a step. These tests step the active's
+wall clock and watch its renewals in the store.
 
 The active agent runs under libfaketime (Debian package `faketime`, which brings
 `libfaketime`) with only its wall clock faked: FAKETIME_TIMESTAMP_FILE holds a relative
@@ -112,7 +112,7 @@ def start_faked_active(rig: Rig, library: str, offset_file: Path) -> AgentProces
     agent = rig.start_agent("a", **faked_env(library, offset_file))
     agent.wait_for_new(ACTIVE)
     agent.wait_for_new(re.compile("started as active"))
-    # The scheduler and the clock guard start just after that line. A renewal seen after
+    # The periodic jobs and the clock guard start just after that line. A renewal seen after
     # it proves they run, so that a step from here on happens under them, not before.
     rig.watch_lock()
     expect_renewal(rig, agent, rig.ttl_ms / 1000)
