@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from agent.client.session_errors import SessionError, SettingNames, own_names
-from agent.config import MqttSettings
+
+if TYPE_CHECKING:
+    from agent.config import MqttSettings
 
 K8S_SAT: Final = "K8S-SAT"
 # Authentication Data is Binary Data: a two-byte length, then the bytes (MQTT 5 §1.5.6).

@@ -41,7 +41,7 @@ import logging
 import random
 import uuid
 from collections.abc import Awaitable, Iterable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from agent.backoff import Backoff
 from agent.client.gmqtt_client import outgoing
@@ -65,9 +65,12 @@ from agent.client.session_errors import (
 from agent.client.subscriptions import Subscriptions, send_subscribe
 from agent.client.supervisor import ConnectHook, DisconnectHook, Supervisor
 from agent.client.tls import TlsSetupFailed, build_ssl_context
-from agent.config import MqttSettings, check_client_id, default_client_id
+from agent.config import check_client_id, default_client_id
 from agent.message import Message
 from agent.protocol.mqtt_topics import validate_topic_filter, validate_topic_name
+
+if TYPE_CHECKING:
+    from agent.config import MqttSettings
 
 __all__ = [
     "AuthenticationFailed",

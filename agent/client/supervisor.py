@@ -21,7 +21,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from agent.backoff import Backoff
 from agent.client.credentials import exposed_secret, read_credentials
@@ -41,8 +41,10 @@ from agent.client.session_errors import (
     own_names,
 )
 from agent.client.subscriptions import Subscriptions, send_subscribe
-from agent.config import MqttSettings
 from agent.message import Message
+
+if TYPE_CHECKING:
+    from agent.config import MqttSettings
 
 ConnectHook: TypeAlias = Callable[[], Awaitable[None]]
 DisconnectHook: TypeAlias = Callable[[], None]

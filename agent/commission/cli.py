@@ -49,7 +49,7 @@ from agent.client.statestore import StateStoreClient
 from agent.commission import devices_file
 from agent.commission.scan import PortBusy, check_port_free, scan
 from agent.commission.sweep import Found, Protocol, Settings, SweepResult
-from agent.config.devices import check_id
+from agent.config.line import check_id
 from agent.config.profiles import BUILT_IN, read_profiles_file
 from agent.controller import line_protocol as lp
 from agent.controller.driver import LinkLost, PortClaim, PortTaken, is_device_path

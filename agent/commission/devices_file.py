@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
-from agent.config.devices import check_id
+from agent.config.line import check_id
 
 
 def device_id(line_id: str, address: int) -> str:

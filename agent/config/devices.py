@@ -5,19 +5,13 @@ they make up."""
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from agent.config.line import check_id
+from agent.config.running import DeviceMixin
 from agent.controller.profile import Profile
-
-# A device id appears in topics and key names: no MQTT wildcards, separators or spaces.
-_DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
-
-MAX_UNIT_LOADS = 32
-"""RS-485 drives 32 unit loads per segment: more devices than that is worth a warning."""
 
 
 class ModbusOverrides(BaseModel):
@@ -33,7 +27,7 @@ class ModbusOverrides(BaseModel):
     write_function: Literal[6, 16] | None = None
 
 
-class DeviceSettings(BaseModel):
+class DeviceSettings(DeviceMixin, BaseModel):
     """One controller on the line: `id@address` in AGENT_DEVICES, or an object in its JSON
     form (or in the file AGENT_DEVICES_FILE) for one that differs from the others."""
 
@@ -62,20 +56,6 @@ class DeviceSettings(BaseModel):
             )
         return self
 
-    @property
-    def resolved_profile(self) -> Profile | None:
-        """Its profile as the line's settings resolved it (None: the set point alone)."""
-        return self._profile
-
-
-def check_id(value: str) -> str:
-    if not _DEVICE_ID.fullmatch(value):
-        raise ValueError(
-            f"{value!r}: use letters, digits and . _ : - (no spaces, '/', '+', '#' or '@'), "
-            "starting with a letter or digit"
-        )
-    return value
-
 
 def parse_devices(value: object) -> object:
     """`id@address,id@address` or a JSON array, as AGENT_DEVICES gives them."""
@@ -101,23 +81,6 @@ def parse_devices(value: object) -> object:
             raise ValueError(f"{entry.strip()!r}: expected id@address, e.g. floor3-t01@1")
         devices.append({"id": name, "address": int(address)})
     return devices
-
-
-@dataclass(frozen=True, slots=True)
-class Line:
-    """The line this agent serves and its devices, from the settings."""
-
-    id: str
-    devices: tuple[DeviceSettings, ...]
-    single: bool
-    """Configured as one device (AGENT_DEVICE_ID): keys and lock as for a device."""
-
-    def profile(self, device: str) -> Profile | None:
-        """The profile of the device with this id (None: the set point alone)."""
-        for known in self.devices:
-            if known.id == device:
-                return known.resolved_profile
-        raise KeyError(f"no device {device} on line {self.id}")
 
 
 def check_devices(devices: list[DeviceSettings]) -> None:

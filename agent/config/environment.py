@@ -17,10 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from agent.config.names import ENV_NESTED_DELIMITER, ENV_PREFIX
 from agent.config.nearest import suggestions
 
-ENV_PREFIX = "AGENT_"
-ENV_NESTED_DELIMITER = "__"
 NOT_SETTINGS = frozenset(
     {
         # The package build's (deploy/build-deb.sh exports it for nfpm).
@@ -42,12 +41,6 @@ such name it spells and fails on one missing here)."""
 def redacted(settings: BaseModel) -> dict[str, Any]:
     """The settings as JSON-ready data with every secret masked, for logs and diagnostics."""
     return settings.model_dump(mode="json")
-
-
-def variable_name(path: str) -> str:
-    """A setting's environment variable, from its path in the settings:
-    ``mqtt.tls.cert_file`` -> ``AGENT_MQTT__TLS__CERT_FILE``."""
-    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(path.split(".")).upper()
 
 
 def setting_errors(exc: ValidationError, *, within: tuple[str, ...] = ()) -> list[str]:

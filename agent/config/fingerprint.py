@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.config.settings import AgentSettings
+if TYPE_CHECKING:
+    from agent.config.settings import AgentSettings
+
 
 HASH_DIGITS = 12
 

@@ -7,12 +7,14 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from agent.config.running import HealthMixin
+
 DEFAULT_PORT = 9732
 """The health endpoint's port unless set: on loopback, for the gateway's own Prometheus (or
 the agent that forwards to one)."""
 
 
-class HealthSettings(BaseModel):
+class HealthSettings(HealthMixin, BaseModel):
     """What each instance says about itself and its devices, for monitoring and `agent status`."""
 
     model_config = ConfigDict(extra="forbid")
@@ -66,12 +68,3 @@ class HealthSettings(BaseModel):
                 f"only {{device}}, {{line}} and {{instance}} may be substituted ({exc})"
             ) from None
         return value
-
-    def instance_topic(self, line: str, instance: str) -> str:
-        return self.topic.format(line=line, instance=instance, device=line)
-
-    def device_status_topic(self, device: str, line: str) -> str:
-        return self.device_topic.format(device=device, line=line, instance="")
-
-    def device_availability_topic(self, device: str, line: str) -> str:
-        return self.availability_topic.format(device=device, line=line, instance="")

@@ -6,8 +6,10 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from agent.config.running import KeysMixin
 
-class KeySettings(BaseModel):
+
+class KeySettings(KeysMixin, BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     setpoint: str = Field(default="{device}\\setPoint", description="Key of a set point.")
@@ -67,18 +69,3 @@ class KeySettings(BaseModel):
                 "keys.switchover and keys.history must differ"
             )
         return self
-
-    def of(self, name: str, *, device: str, line: str) -> str:
-        template: str = getattr(self, name)
-        return template.format(device=device, line=line)
-
-    def of_point(self, point: str, *, device: str, line: str) -> str:
-        """A point's key: the set point's own (keys.setpoint), the others by keys.point."""
-        if point == "setPoint":
-            return self.of("setpoint", device=device, line=line)
-        return self.point.format(device=device, line=line, point=point)
-
-    def of_line(self, name: str, line: str) -> str:
-        """A line's key: `lock`, `paused`, `switchover` or `history` ({device} is the line's
-        id too, as for a single device that is its own line)."""
-        return self.of(name, device=line, line=line)

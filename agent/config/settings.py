@@ -17,18 +17,18 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from agent.config.client_id import default_client_id
 from agent.config.credentials import _CredentialsSource
-from agent.config.devices import DeviceSettings, Line, check_devices, check_id, parse_devices
-from agent.config.environment import ENV_NESTED_DELIMITER, ENV_PREFIX
+from agent.config.devices import DeviceSettings, check_devices, parse_devices
 from agent.config.health import HealthSettings
 from agent.config.keys import KeySettings
+from agent.config.line import Line, check_id
 from agent.config.lock import LockSettings
 from agent.config.mqtt import MqttSettings
+from agent.config.names import ENV_NESTED_DELIMITER, ENV_PREFIX
 from agent.config.profiles import BUILT_IN, read_devices_file, read_profiles_file, resolve
+from agent.config.running import AgentMixin
 from agent.config.serial import SerialSettings
 from agent.config.telemetry import TelemetrySettings
-from agent.controller.profile import Profile
 
 
 class ConnectionSettings(BaseSettings):
@@ -50,7 +50,7 @@ def _default_state_dir() -> Path:
     return Path(state.split(":")[0]) if state else Path("/var/lib/agent")
 
 
-class AgentSettings(BaseSettings):
+class AgentSettings(AgentMixin, BaseSettings):
     """Everything the agent reads: environment (AGENT_...), an env file, credentials, flags."""
 
     model_config = SettingsConfigDict(
@@ -147,40 +147,6 @@ class AgentSettings(BaseSettings):
     def _one_line(self) -> Self:
         self._line = resolve_line(self)
         return self
-
-    @property
-    def line(self) -> Line:
-        assert self._line is not None
-        return self._line
-
-    def profile_for(self, device: DeviceSettings | str) -> Profile | None:
-        """A device's profile, resolved for this line's driver (None: the set point alone)."""
-        if isinstance(device, DeviceSettings):
-            return device.resolved_profile
-        return self.line.profile(device)
-
-    @property
-    def client_id(self) -> str:
-        return self.mqtt.client_id or default_client_id(self.line.id, self.instance_id)
-
-    @property
-    def lock_key(self) -> str:
-        return self.keys.lock.format(line=self.line.id, device=self.line.id)
-
-    def key(self, name: str, device: str) -> str:
-        """A device's key: `setpoint`, `synced` or `line`."""
-        return self.keys.of(name, device=device, line=self.line.id)
-
-    def point_key(self, point: str, device: str) -> str:
-        """A point's key: `<device>\\setPoint`, `<device>\\mode`, ..."""
-        return self.keys.of_point(point, device=device, line=self.line.id)
-
-    @property
-    def telemetry_line_topic(self) -> str:
-        return self.telemetry.line_topic.format(line=self.line.id, device=self.line.id)
-
-    def telemetry_topic(self, device: str) -> str:
-        return self.telemetry.topic.format(device=device, line=self.line.id)
 
 
 class LineConfigError(ValueError):

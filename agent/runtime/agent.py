@@ -9,18 +9,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime
-from typing import Any
-
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.triggers.interval import IntervalTrigger
+from typing import TYPE_CHECKING, Any
 
 from agent import logs
 from agent.client.errors import NotAuthorized, StateStoreError
 from agent.client.lock import process_nonce
 from agent.client.session import ConnectionRefused, Session, SessionError, TlsSetupFailed
 from agent.client.statestore import KeyChange, StateStoreClient
-from agent.config import AgentSettings, variable_name
+from agent.config import as_running, variable_name
 from agent.config.fingerprint import config_hash
 from agent.controller.driver import Driver, PortClaim, PortTaken
 from agent.line.bus import Bus
@@ -31,6 +27,7 @@ from agent.runtime.clock_watch import watch_clock
 from agent.runtime.control import LineControl
 from agent.runtime.devices import make_sync, store_retry, watch_device, watch_devices
 from agent.runtime.driving import ActiveLine
+from agent.runtime.exits import EXIT_CONFIG, EXIT_OK, EXIT_SOFTWARE
 from agent.runtime.health import Health, InstanceView
 from agent.runtime.health_http import HealthEndpoint, UnusableSetting, open_endpoint
 from agent.runtime.line import make_driver, warn_about
@@ -43,14 +40,15 @@ from agent.runtime.reports import DeviceViews, LineRate, device_snapshot, line_s
 from agent.sync.device import DeviceSync
 from agent.sync.state_file import LaterSaves
 
+if TYPE_CHECKING:
+    from agent.config import AgentSettings
+
 log = logging.getLogger("agent")
 
-EXIT_OK, EXIT_SOFTWARE = 0, 70  # 70, EX_SOFTWARE: the agent's own fault; systemd restarts it
-EXIT_CONFIG = 78  # EX_CONFIG: systemd will not restart (RestartPreventExitStatus=78)
 READY_WAIT_S = 5.0
 """At start as active, how long readiness waits for the devices to be reconciled."""
 
-DriverFactory = Callable[[AgentSettings], Driver]
+DriverFactory = Callable[["AgentSettings"], Driver]
 
 
 class Agent:
@@ -61,7 +59,9 @@ class Agent:
         notifier: Notifier | None = None,
         driver_factory: DriverFactory = make_driver,
     ) -> None:
-        self.settings = settings
+        # Plain values from here on (agent.config.running): the same whether the settings
+        # came validated from another process or as a model.
+        self.settings = settings = as_running(settings)
         self.line = settings.line
         self.notifier = notifier or Notifier({})
         self.process = process_nonce()  # this process among all: in the lock, client id, health
@@ -71,7 +71,7 @@ class Agent:
         self.leadership: Leadership | None = None
         self.devices: dict[str, DeviceSync] = {}
         self.active_line: ActiveLine | None = None
-        self.scheduler: AsyncIOScheduler | None = None
+        self._jobs: list[asyncio.Task[None]] = []  # the periodic ones (agent.runtime.jobs)
         self._claim: PortClaim | None = None
         self._driver: Driver | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -224,10 +224,8 @@ class Agent:
             self.leadership.standing_by()
             # Renewals run from before the first acquisition: a slow takeover (waiting for
             # the previous lease, opening the line, reconciling) must not outlast the lease.
-            self._start_scheduler()
-            clock = watch_clock(
-                lambda: self.role is Role.ACTIVE, self.settings.lock.ttl_ms, lambda: self.scheduler
-            )
+            self._lease_task = asyncio.create_task(self.leadership.run_lease(), name="lease")
+            clock = watch_clock(lambda: self.role is Role.ACTIVE, self.settings.lock.ttl_ms)
             self._clock_task = asyncio.create_task(clock, name="clock")
             self._spawn(self.readiness.run(lambda: self.role is Role.ACTIVE, self.health.poke))
             await self.leadership.contend()
@@ -340,8 +338,8 @@ class Agent:
         """SIGTERM: stop writing, release the lock so the standby takes over, exit 0."""
         self.notifier.stopping("stopping")
         was_active = await self.leadership.stop() if self.leadership is not None else False
-        if self.scheduler is not None:
-            self.scheduler.shutdown(wait=False)
+        for job in self._jobs:
+            job.cancel()
         if self._clock_task is not None:
             self._clock_task.cancel()
         if self._lease_task is not None:
@@ -512,30 +510,21 @@ class Agent:
 
     # ------------------------------------------------------------------ periodic jobs
 
-    def _start_scheduler(self) -> None:
-        """The lease's clock (monotonic, its own task) and the scheduler of the periodic
-        jobs, which come once the role is decided."""
-        assert self.leadership is not None
-        self._lease_task = asyncio.create_task(self.leadership.run_lease(), name="lease")
-        self.scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
-        self.scheduler.start()
-
     def _add_periodic_jobs(self) -> None:
-        s = self.settings
-        assert self.scheduler is not None
-        self.scheduler.add_job(
-            jobs.ends_quietly(self._reconcile_job),
-            IntervalTrigger(seconds=s.reconcile_interval_s),
-            id="reconcile",
-            **jobs.OPTIONS,
-        )
-        self.scheduler.add_job(
-            jobs.ends_quietly(self._telemetry_job),
-            IntervalTrigger(seconds=s.telemetry.interval_s, jitter=s.telemetry.jitter_s or None),
-            id="telemetry",
-            next_run_time=datetime.now().astimezone(),
-            **jobs.OPTIONS,
-        )
+        """Once the role is decided: the reconcile safety net, and telemetry (at once)."""
+        s, every = self.settings, jobs.every
+        self._jobs = [
+            asyncio.create_task(every("reconcile", s.reconcile_interval_s, self._reconcile_job)),
+            asyncio.create_task(
+                every(
+                    "telemetry",
+                    s.telemetry.interval_s,
+                    self._telemetry_job,
+                    first_s=0.0,
+                    jitter_s=s.telemetry.jitter_s,
+                )
+            ),
+        ]
 
     async def _reconcile_job(self) -> None:
         if self.role is Role.ACTIVE:
@@ -614,7 +603,7 @@ class Agent:
             return False
         if self._clock_task is None:  # starting: only the event loop's turning is checked
             return True
-        if self.scheduler is None or not self.scheduler.running:
+        if any(job.done() for job in self._jobs):
             return False
         if self._lease_task is None or self._lease_task.done():
             return False
@@ -653,6 +642,7 @@ class Agent:
     async def _reload_files(self, load: Callable[[], AgentSettings | str]) -> str | None:
         """Why the files were refused, or None once they are running."""
         found = await asyncio.to_thread(load)  # files read off the event loop
+        found = found if isinstance(found, str) else as_running(found)
         why = found if isinstance(found, str) else reload.why_not_reloadable(self.settings, found)
         if why is not None or isinstance(found, str):
             log.error("reload refused: %s; running configuration %s", why, self.config_hash)

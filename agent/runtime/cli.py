@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
 import platform
-import signal
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from agent.config import (
     ENV_NESTED_DELIMITER,
     ENV_PREFIX,
     AgentSettings,
+    as_running,
     env_file_problem,
     known_variables,
     redacted,
@@ -36,8 +35,8 @@ from agent.config import (
     unknown_variables,
 )
 from agent.config.fingerprint import config_hash
-from agent.runtime.agent import EXIT_CONFIG, Agent
-from agent.runtime.notify import Notifier
+from agent.runtime.exits import EXIT_CONFIG
+from agent.runtime.handover import Handover, become, write_handover
 
 SIMULATED_DEVICE = "thermostat-1"
 SIMULATED_LINE = "floor-1"
@@ -115,6 +114,8 @@ def build_parser(subcommands: Sequence[str] = ()) -> argparse.ArgumentParser:
         version=f"agent {agent_version()} (Python {platform.python_version()})",
     )
     parser.add_argument("--env-file", type=Path, help="read settings from this env file too")
+    # A reload's check of the files (agent.runtime.handover): the settings on stdout.
+    parser.add_argument("--hand-over", action="store_true", help=argparse.SUPPRESS)
     groups: dict[str, argparse._ArgumentGroup] = {}
     for path, field in _settings_fields(AgentSettings):
         section = path[0] if len(path) > 1 else "agent"
@@ -236,6 +237,12 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
         if problem is not None:
             logs.console_error(f"agent: --env-file {args.env_file}: {problem}")
             return EXIT_CONFIG
+    if args.hand_over:
+        found = _reload_settings(args)
+        if isinstance(found, str):
+            logs.console_error(found)
+            return EXIT_CONFIG
+        return write_handover(Handover(as_running(found), tuple(argv), agent_version()))
     try:
         settings = load_settings(args)
         if args.print_config:
@@ -256,7 +263,7 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
         return asyncio.run(
             simulate(settings, pair=args.pair, use_broker=broker_configured, status=args.status)
         )
-    return asyncio.run(_run(settings, functools.partial(_reload_settings, args)))
+    become(Handover(as_running(settings), tuple(argv), agent_version()))
 
 
 def _print_config(args: argparse.Namespace, settings: AgentSettings) -> int:
@@ -363,25 +370,3 @@ def _reload_settings(args: argparse.Namespace) -> AgentSettings | str:
         return "invalid setting " + "; ".join(setting_errors(exc))
     except ConfigError as exc:
         return "invalid setting " + "; ".join(str(exc).splitlines())
-
-
-async def _run(settings: AgentSettings, load: Callable[[], AgentSettings | str]) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    logs.set_context(line=settings.line.id, instance=settings.instance_id)
-    log.info(
-        "agent %s starting (Python %s, pid %d)",
-        agent_version(),
-        platform.python_version(),
-        os.getpid(),
-    )
-    notifier = Notifier()
-    try:
-        agent = Agent(settings, notifier=notifier)
-        # systemctl reload (ExecReload=): the devices and profiles read again.
-        loop.add_signal_handler(signal.SIGHUP, agent.request_reload, load)
-        return await agent.run(stop)
-    finally:
-        notifier.close()

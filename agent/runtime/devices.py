@@ -9,18 +9,21 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from agent.backoff import Backoff
 from agent.client.errors import NotAuthorized, StateStoreError
 from agent.client.lock import LeasedLock
 from agent.client.session import Session, SessionError
 from agent.client.statestore import KeyChange, StateStoreClient
-from agent.config import AgentSettings, MqttSettings
-from agent.config.devices import DeviceSettings
 from agent.protocol.hlc import Hlc
 from agent.runtime.line import device_profile
 from agent.sync.device import DeviceKeys, DeviceSync
 from agent.sync.state_file import LaterSaves, StateFile
+
+if TYPE_CHECKING:
+    from agent.config import AgentSettings, MqttSettings
+    from agent.config.devices import DeviceSettings
 
 log = logging.getLogger("agent")
 

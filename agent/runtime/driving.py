@@ -8,15 +8,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.config import AgentSettings
 from agent.controller.driver import Driver
 from agent.controller.interface import ControllerState
 from agent.line.bus import Bus, transaction_tally
 from agent.runtime.line import make_units, write_intervals
 from agent.sync.device import DeviceSync
 from agent.tally import Tally
+
+if TYPE_CHECKING:
+    from agent.config import AgentSettings
 
 log = logging.getLogger("agent")
 

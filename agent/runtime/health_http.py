@@ -28,9 +28,11 @@ import errno
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.config.health import HealthSettings
+if TYPE_CHECKING:
+    from agent.config.health import HealthSettings
+
 
 log = logging.getLogger("agent")
 

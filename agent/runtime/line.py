@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.config import MAX_UNIT_LOADS, AgentSettings, DeviceSettings
+from agent.config import MAX_UNIT_LOADS
 from agent.controller.driver import Driver, Unit
 from agent.controller.line_driver import LineDriver
 from agent.controller.modbus_driver import ModbusDriver
 from agent.controller.modbus_map import RegisterMap
 from agent.controller.profile import SET_POINT_ONLY, Profile
 from agent.controller.timing import cycle_s
+
+if TYPE_CHECKING:
+    from agent.config import AgentSettings, DeviceSettings
 
 log = logging.getLogger("agent")
 

@@ -19,16 +19,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.client.lock import holder_instance, process_holder
 from agent.client.statestore import KeyChange, StateStoreClient
-from agent.config import AgentSettings
 from agent.ops.control import PauseNote, SwitchoverRequest, now_iso
 from agent.ops.history import Entry
 from agent.ops.history_store import HistoryWriter
 from agent.protocol.hlc import Hlc
 from agent.runtime.control import LineControl
+
+if TYPE_CHECKING:
+    from agent.config import AgentSettings
 
 log = logging.getLogger("agent")
 

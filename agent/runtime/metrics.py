@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from agent.client.session import Session
 from agent.client.statestore import REQUEST_BOUNDS_S, StateStoreClient
-from agent.config import AgentSettings, Line
+from agent.config import Line
 from agent.line.bus import TRANSACTION_BOUNDS_S, Bus
 from agent.pair.leadership import Leadership, Role
 from agent.runtime.control import LineControl
@@ -32,6 +32,9 @@ from agent.runtime.driving import ActiveLine
 from agent.sync.device import DeviceSync
 from agent.sync.status import READ_BACK_BOUNDS_S
 from agent.tally import Tally
+
+if TYPE_CHECKING:
+    from agent.config import AgentSettings
 
 SET_POINTS = ("setPoint", "heatSetPoint", "coolSetPoint")
 

@@ -16,14 +16,18 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agent.client.statestore import StateStoreClient
-from agent.config import AgentSettings, DeviceSettings
-from agent.config.devices import Line
+from agent.config import as_running
+from agent.config.line import Line
 from agent.line.bus import Bus
 from agent.runtime.devices import unwatch_device
 from agent.runtime.line import make_units, write_intervals
 from agent.sync.device import DeviceSync
+
+if TYPE_CHECKING:
+    from agent.config import AgentSettings, DeviceSettings
 
 log = logging.getLogger("agent")
 
@@ -102,9 +106,7 @@ def restart_only(old: AgentSettings, new: AgentSettings) -> list[str]:
 
 def running(old: AgentSettings, new: AgentSettings) -> AgentSettings:
     """The settings the process runs after the reload: the old ones with the new line."""
-    effective = old.model_copy()
-    effective._line = new.line
-    return effective
+    return as_running(old).model_copy(update={"_line": as_running(new).line})
 
 
 # --------------------------------------------------------------------------- applying

@@ -10,13 +10,16 @@ import logging
 import math
 import shutil
 import uuid
+from typing import TYPE_CHECKING
 
 from agent.client.session import Session, SessionError
 from agent.client.statestore import StateStoreClient
-from agent.config import AgentSettings
 from agent.logs import TextFormatter
 from agent.ops.keys import KeyTemplates
 from agent.ops.status_cli import show
+
+if TYPE_CHECKING:
+    from agent.config import AgentSettings
 
 RECENT_LINES = 8
 FOOTER_ROWS = 2

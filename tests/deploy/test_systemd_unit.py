@@ -110,7 +110,7 @@ def test_runs_the_agent_as_a_notify_service_with_a_watchdog(unit: dict) -> None:
 
 
 def test_restarts_on_failure_but_not_on_a_bad_configuration(unit: dict) -> None:
-    from agent.runtime.agent import EXIT_CONFIG
+    from agent.runtime.exits import EXIT_CONFIG
 
     assert one(unit, "Service", "Restart") == "on-failure"
     assert int(one(unit, "Service", "RestartSec")) >= 1
