@@ -12,7 +12,6 @@ import platform
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from agent.config import (
 from agent.config.fingerprint import config_hash
 from agent.runtime.exits import EXIT_CONFIG
 from agent.runtime.handover import Handover, become, write_handover
+from agent.runtime.version import installed
 
 SIMULATED_DEVICE = "thermostat-1"
 SIMULATED_LINE = "floor-1"
@@ -111,7 +111,7 @@ def build_parser(subcommands: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser.add_argument(
         "--version",
         action="version",
-        version=f"agent {agent_version()} (Python {platform.python_version()})",
+        version=f"agent {installed()} (Python {platform.python_version()})",
     )
     parser.add_argument("--env-file", type=Path, help="read settings from this env file too")
     # A reload's check of the files (agent.runtime.handover): the settings on stdout.
@@ -242,7 +242,7 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
         if isinstance(found, str):
             logs.console_error(found)
             return EXIT_CONFIG
-        return write_handover(Handover(as_running(found), tuple(argv), agent_version()))
+        return write_handover(Handover(as_running(found), tuple(argv), installed()))
     try:
         settings = load_settings(args)
         if args.print_config:
@@ -263,7 +263,7 @@ def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
         return asyncio.run(
             simulate(settings, pair=args.pair, use_broker=broker_configured, status=args.status)
         )
-    become(Handover(as_running(settings), tuple(argv), agent_version()))
+    become(Handover(as_running(settings), tuple(argv), installed()))
 
 
 def _print_config(args: argparse.Namespace, settings: AgentSettings) -> int:
@@ -353,13 +353,6 @@ def _secret_source(path: tuple[str, ...], env_file: Path | None, stored: Path | 
     if env_file is not None and any(name.upper() == variable for name in dotenv_values(env_file)):
         return f"set, from env file {env_file}"
     return "set, from credential" + (f" {stored}" if stored is not None else "")
-
-
-def agent_version() -> str:
-    try:
-        return metadata.version("agent")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _reload_settings(args: argparse.Namespace) -> AgentSettings | str:

@@ -47,10 +47,14 @@ def become(handover: Handover) -> NoReturn:
 
 def received(fd: int) -> Handover:
     with os.fdopen(fd, "rb") as file:
-        file.seek(0)
-        handover = pickle.load(file)
-    assert isinstance(handover, Handover)
-    return handover
+        file.seek(0)  # the command wrote it: the offset it shares is at its end
+        return _handover(pickle.load(file))
+
+
+def _handover(found: object) -> Handover:
+    if not isinstance(found, Handover):
+        raise TypeError(f"a {type(found).__name__}, not the settings")
+    return found
 
 
 def check_again(argv: Sequence[str]) -> AgentSettings | str:
@@ -67,11 +71,9 @@ def check_again(argv: Sequence[str]) -> AgentSettings | str:
         reason = done.stderr.decode(errors="replace").strip().splitlines()
         return "; ".join(reason) or f"the check of the files exited {done.returncode}"
     try:
-        handover = pickle.loads(done.stdout)
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
+        return _handover(pickle.loads(done.stdout)).settings
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError) as exc:
         return f"the check of the files answered nothing usable ({exc})"
-    assert isinstance(handover, Handover)
-    return handover.settings
 
 
 def write_handover(handover: Handover) -> int:

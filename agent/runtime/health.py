@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -30,7 +29,6 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from agent.client.session import Session, SessionError
@@ -38,6 +36,7 @@ from agent.message import Message
 from agent.pair.leadership import Role
 from agent.protocol.hlc import Hlc
 from agent.runtime.telemetry import Snapshot
+from agent.runtime.version import installed
 from agent.sync import decisions
 from agent.sync.decisions import InvalidRemoteValue
 
@@ -55,16 +54,6 @@ NAMED_IN_WORDS = 3
 """Devices named in the status line's lists; more are counted."""
 
 ONLINE, OFFLINE = b"online", b"offline"
-
-
-@functools.cache
-def version() -> str:
-    """The installed package's version, looked up once: reading the package's metadata
-    takes milliseconds, and every health document names it."""
-    try:
-        return metadata.version("agent")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 # --------------------------------------------------------------------------- pure
@@ -159,7 +148,7 @@ def instance_document(
         "role": role,
         "state": state,
         "paused": paused,
-        "version": version(),
+        "version": installed(),
         "ttl_ms": ttl_ms,
         "token": token,
         "heartbeat_s": heartbeat_s,

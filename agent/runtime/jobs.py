@@ -5,7 +5,7 @@ said and the next one kept, a stop that cancels a run ending it quietly.
 On the monotonic clock, a wall-clock step (NTP) neither delays nor hurries them. This
 replaces APScheduler, whose scheduler runs on the wall clock (the agent had to notice steps
 and reschedule) and whose import (its executors bring multiprocessing, its plugins
-importlib.metadata and email) cost the running process about 4 MB of a gateway's memory for
+importlib.metadata and email: 4.1 MB measured at import) was memory a gateway spends for
 two interval timers.
 """
 
@@ -43,15 +43,14 @@ async def every(
     *,
     first_s: float | None = None,
     jitter_s: float = 0.0,
-    clock: Callable[[], float] = time.monotonic,
-    jitter: Callable[[float], float] = lambda most: random.uniform(0.0, most),
 ) -> None:
     """Runs `job` every `interval_s` (the first after `first_s`, by default one interval),
     each run up to `jitter_s` after its due time, until cancelled."""
+    clock = time.monotonic
     start = clock() + (interval_s if first_s is None else first_s)
     due = start
     while True:
-        wait = due + (jitter(jitter_s) if jitter_s else 0.0) - clock()
+        wait = due + random.uniform(0.0, jitter_s) - clock()
         if wait > 0:
             await asyncio.sleep(wait)
         try:
@@ -60,4 +59,6 @@ async def every(
             log.error("periodic %s failed (%s: %s): runs again in %.0f s",
                       name, type(exc).__name__, exc, interval_s)  # fmt: skip
             log.debug("periodic %s failed", name, exc_info=True)
+        # The next due time after this run's (half an interval on, so never this one again
+        # however fast the run), or after now if the run outlasted the interval.
         due = next_due(start, interval_s, max(clock(), due + interval_s / 2))

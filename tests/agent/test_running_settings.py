@@ -111,7 +111,8 @@ def test_the_agents_own_process_never_imports_pydantic() -> None:
         "import importlib, sys\n"
         f"for name in {runtime!r}: importlib.import_module(name)\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & "
-        "{'pydantic', 'pydantic_core', 'pydantic_settings', 'dotenv', 'apscheduler'}))\n"
+        "{'pydantic', 'pydantic_core', 'pydantic_settings', 'dotenv', 'apscheduler'}"
+        " | ({'importlib.metadata'} & set(sys.modules))))\n"
     )
     shown = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
@@ -145,3 +146,16 @@ def test_a_reload_has_the_files_checked_again_by_the_command(
     assert isinstance(refused, str)
     assert "invalid setting AGENT_DEVICES" in refused
     assert "address 1 is given to both t01 and t02" in refused
+
+
+def test_every_name_the_settings_package_offers_is_there() -> None:
+    import agent.config
+
+    assert all(getattr(agent.config, name) is not None for name in agent.config.__all__)
+
+
+def test_a_copy_with_a_field_changed_counts_it_as_given(tmp_path: Path) -> None:
+    running = as_running(line_with_everything(tmp_path))
+    assert "reconcile_interval_s" not in running.model_fields_set
+    copied = running.model_copy(update={"reconcile_interval_s": 5.0})
+    assert "reconcile_interval_s" in copied.model_fields_set
