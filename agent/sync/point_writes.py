@@ -266,9 +266,15 @@ class PointWrites:
         ended_absence, self.absent = self.absent, False
         if (synced, pending) == (self.status.synced, self.status.pending) and not ended_absence:
             return
+        # A sync that settles a write of ours may wait for the next batch of saves: the
+        # write's pending entry, saved before it went out, already tells a restart whose the
+        # unit's value is. Any other (a published panel change) is saved before the record
+        # says it: a standby, or this instance restarted, must never know a sync the disk
+        # lost once the store has forgotten it too.
+        settles_ours = version is not None and version in (p.version for p in self.status.pending)
         self.status.synced, self.status.pending = synced, pending
         self.status.synced_at = time.time()
-        await self._save_locally(now=False)
+        await self._save_locally(now=not settles_ours)
         if version is not None:
             self._unanswered = self.past.published = None  # synced at a store version: settled
             if not restores:  # a restore answers a refusal: it is no sync since

@@ -12,11 +12,14 @@ from agent.controller.points import Point
 from agent.protocol.hlc import Hlc
 from agent.sync.device_record import DeviceRecord
 from agent.sync.point import PointSync
-from agent.sync.state_file import StateFile
+from agent.sync.state_file import LaterSaves, StateFile
 
 
-def point_sync(tmp_path: Path, point: Point, store: Any) -> PointSync:
-    """`store` answers the point's GETs and its fenced writes (the key's and the record's)."""
+def point_sync(
+    tmp_path: Path, point: Point, store: Any, later: LaterSaves | None = None
+) -> PointSync:
+    """`store` answers the point's GETs and its fenced writes (the key's and the record's);
+    `later`: where its syncs' saves may wait (else each is saved at once)."""
     return PointSync(
         "t01",
         point,
@@ -24,7 +27,7 @@ def point_sync(tmp_path: Path, point: Point, store: Any) -> PointSync:
         store,
         store,
         DeviceRecord("t01\\synced", store, lambda: True),
-        StateFile(tmp_path, f"t01.{point.name}", point.name),
+        StateFile(tmp_path, f"t01.{point.name}", point.name, later=later),
         logging.getLogger("test"),
         lambda: True,
         lambda state: None,  # type: ignore[arg-type,return-value]
