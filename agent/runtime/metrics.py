@@ -9,18 +9,12 @@ point) or from a fixed set (a function, a result, a reason), never a value.
 
 from __future__ import annotations
 
+import os
+import resource
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
-
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 
 from agent.client.session import Session
 from agent.client.statestore import REQUEST_BOUNDS_S, StateStoreClient
@@ -29,6 +23,7 @@ from agent.line.bus import TRANSACTION_BOUNDS_S, Bus
 from agent.pair.leadership import Leadership, Role
 from agent.runtime.control import LineControl
 from agent.runtime.driving import ActiveLine
+from agent.runtime.exposition import Family, Kind, text
 from agent.sync.device import DeviceSync
 from agent.sync.status import READ_BACK_BOUNDS_S
 from agent.tally import Tally
@@ -63,15 +58,16 @@ class _Families:
 
     def __init__(self, line: str, instance: str) -> None:
         self.base = [line, instance]
-        self.made: list[Metric] = []
+        self.made: list[Family] = []
 
-    def gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, doc, labels=["line", "instance", *labels])
-        self.made.append(family)
-        return family
+    def gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Family:
+        return self._family(name, doc, "gauge", labels)
 
-    def counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, doc, labels=["line", "instance", *labels])
+    def counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Family:
+        return self._family(name, doc, "counter", labels)
+
+    def _family(self, name: str, doc: str, kind: Kind, labels: Sequence[str]) -> Family:
+        family = Family(name, doc, kind, ("line", "instance", *labels))
         self.made.append(family)
         return family
 
@@ -82,7 +78,7 @@ class _Families:
         family = self.counter(name, doc, labels)
         for prefix, tally in tallies:
             for key, n in tally.items():
-                family.add_metric([*self.base, *prefix, *key], n)
+                family.add([*self.base, *prefix, *key], n)
 
     def histogram(
         self,
@@ -92,34 +88,31 @@ class _Families:
         bounds: Sequence[float],
         tallies: Iterable[tuple[Key, Tally]],
     ) -> None:
-        family = HistogramMetricFamily(name, doc, labels=["line", "instance", *labels])
-        self.made.append(family)
+        family = self._family(name, doc, "histogram", labels)
         names = [repr(float(bound)) for bound in bounds] + ["+Inf"]
         for prefix, tally in tallies:
             for key, durations in tally.histograms():
                 buckets = list(zip(names, durations.cumulative(), strict=True))
-                family.add_metric([*self.base, *prefix, *key], buckets, sum_value=durations.total_s)
+                family.add_histogram([*self.base, *prefix, *key], buckets, durations.total_s)
 
-    def one(
-        self, family: GaugeMetricFamily | CounterMetricFamily, value: float, *labels: str
-    ) -> None:
-        family.add_metric([*self.base, *labels], value)
+    def one(self, family: Family, value: float, *labels: str) -> None:
+        family.add([*self.base, *labels], value)
 
 
 Key = tuple[str, ...]
 
 
-class AgentCollector(Collector):
+class AgentCollector:
     def __init__(self, agent: Source) -> None:
         self.agent = agent
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> list[Family]:
         families = _Families(self.agent.line.id, self.agent.settings.instance_id)
         self._pair(families)
         self._line(families)
         self._devices(families)
         self._store(families)
-        return iter(families.made)
+        return families.made
 
     # ------------------------------------------------------------------ the pair
 
@@ -270,7 +263,7 @@ class AgentCollector(Collector):
 
 def _number(
     f: _Families,
-    family: GaugeMetricFamily,
+    family: Family,
     values: Mapping[str, object],
     point: str,
     *labels: str,
@@ -281,13 +274,50 @@ def _number(
 
 
 class Metrics:
-    """The registry one agent answers `/metrics` from: its own collector and the process's
-    (CPU, memory, open files)."""
+    """What one agent answers `/metrics` with: its own families and the process's (CPU,
+    memory, open files), under the names Prometheus's client libraries give the latter."""
 
     def __init__(self, agent: Source) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(AgentCollector(agent))
-        ProcessCollector(registry=self.registry)
+        self.collector = AgentCollector(agent)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return text([*self.collector.collect(), *process_families()])
+
+
+_PAGE = os.sysconf("SC_PAGESIZE")
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_families() -> list[Family]:
+    """This process's own, read from /proc when scraped; none where it cannot be read."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        boot_s = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        open_fds = len(os.listdir("/proc/self/fd"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return []
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces
+    cpu_s = (int(fields[11]) + int(fields[12])) / _TICKS
+    started_s = boot_s + int(fields[19]) / _TICKS
+    virtual, resident = int(fields[20]), int(fields[21]) * _PAGE
+    max_fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    shown: list[tuple[str, str, Kind, float]] = [
+        ("process_virtual_memory_bytes", "Virtual memory size in bytes.", "gauge", virtual),
+        ("process_resident_memory_bytes", "Resident memory size in bytes.", "gauge", resident),
+        ("process_start_time_seconds", "Start time of the process since unix epoch in "
+         "seconds.", "gauge", started_s),
+        ("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
+         "counter", cpu_s),
+        ("process_open_fds", "Number of open file descriptors.", "gauge", open_fds),
+        ("process_max_fds", "Maximum number of open file descriptors.", "gauge", max_fds),
+    ]  # fmt: skip
+    families = []
+    for name, doc, kind, value in shown:
+        family = Family(name, doc, kind)
+        family.add((), value)
+        families.append(family)
+    return families
