@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
+import os
 import time
 from collections.abc import Callable
 from enum import Enum
@@ -50,7 +50,7 @@ def default_safety_margin_s(ttl_s: float) -> float:
 
 def process_nonce() -> str:
     """A name for this process, unique in practice: eight hex digits."""
-    return secrets.token_hex(4)
+    return os.urandom(4).hex()
 
 
 def process_holder(instance_id: str, nonce: str | None = None) -> str:

@@ -11,7 +11,6 @@ no verdict comes within --wait. The last refusal also stays in the agent's healt
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -19,7 +18,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 VERDICT_FILE = "reload"
 WAIT_S = 60.0
@@ -95,6 +97,8 @@ class ReloadVerdicts:
 
 
 def register(subparsers: Any) -> None:
+    import argparse  # the command's only: the running agent never parses a command line
+
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "reload",
         help="the unit's ExecReload=: reload the running agent and wait for its verdict",

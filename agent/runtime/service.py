@@ -11,7 +11,6 @@ which answers the same way on its output.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -56,15 +55,34 @@ async def run(handover: Handover) -> int:
         notifier.close()
 
 
+OPTIONS = ("--settings-fd", "--line", "--instance")
+"""The handover's descriptor; the line and instance only shown in the process list."""
+
+
+def options(argv: Sequence[str]) -> dict[str, str]:
+    """`--name value` or `--name=value` of OPTIONS (no argparse: a command line only
+    agent.runtime.handover writes, parsed without its 0.4 MB)."""
+    found: dict[str, str] = {}
+    args = iter(argv)
+    for arg in args:
+        name, given, value = arg.partition("=")
+        if name not in OPTIONS:
+            raise ValueError(f"unknown option {arg!r}")
+        if not given:
+            value = next(args, "")
+        if not value:
+            raise ValueError(f"{name} needs a value")
+        found[name] = value
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="agent", description=__doc__)
-    parser.add_argument("--settings-fd", type=int, required=True)
-    parser.add_argument("--line", help="shown in the process list; the settings name it")
-    parser.add_argument("--instance", help="shown in the process list; the settings name it")
-    args = parser.parse_args(argv)
     try:
-        handover = received(args.settings_fd)
-    except (OSError, pickle.UnpicklingError, EOFError, TypeError) as exc:
+        fd = options(sys.argv[1:] if argv is None else argv).get("--settings-fd")
+        if fd is None:
+            raise ValueError("no --settings-fd")
+        handover = received(int(fd))
+    except (OSError, ValueError, pickle.UnpicklingError, EOFError, TypeError) as exc:
         logs.console_error(f"agent: no settings handed over ({exc}): start it as `agent`")
         return EXIT_CONFIG
     logs.setup(handover.settings.log_level)

@@ -16,12 +16,11 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
 
 from agent.controller.points import SET_POINT
-from agent.files import fsync_directory, write_all
+from agent.files import create_beside, fsync_directory, write_all
 from agent.protocol.hlc import Hlc, HlcError
 from agent.sync.decisions import Synced
 from agent.sync.record import point_value
@@ -171,10 +170,10 @@ class StateFile:
             ]
         body = json.dumps(data).encode()
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".synced-", suffix=".tmp")
+            fd, tmp = create_beside(self.path.parent, ".synced-")
         except FileNotFoundError:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".synced-", suffix=".tmp")
+            fd, tmp = create_beside(self.path.parent, ".synced-")
         # One write of the whole document on the descriptor: a file object's buffered
         # writes of json.dump cost a third of a save's CPU, twice a remote change.
         try:
