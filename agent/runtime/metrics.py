@@ -9,6 +9,7 @@ point) or from a fixed set (a function, a result, a reason), never a value.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import time
@@ -288,21 +289,33 @@ _PAGE = os.sysconf("SC_PAGESIZE")
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def _stat_fields() -> list[str]:
+    """/proc/self/stat after the process's name (which may hold spaces), from field 3 on."""
+    stat = Path("/proc/self/stat").read_text()
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+@functools.cache
+def _started_s() -> float:
+    """When this process started (Unix time): boot time plus its start in clock ticks,
+    read once (neither changes)."""
+    boot_s = next(
+        float(line.split()[1])
+        for line in Path("/proc/stat").read_text().splitlines()
+        if line.startswith("btime ")
+    )
+    return boot_s + int(_stat_fields()[19]) / _TICKS
+
+
 def process_families() -> list[Family]:
     """This process's own, read from /proc when scraped; none where it cannot be read."""
     try:
-        stat = Path("/proc/self/stat").read_text()
-        boot_s = next(
-            float(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
+        fields = _stat_fields()
+        started_s = _started_s()
         open_fds = len(os.listdir("/proc/self/fd"))
     except (OSError, StopIteration, ValueError, IndexError):
         return []
-    fields = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces
     cpu_s = (int(fields[11]) + int(fields[12])) / _TICKS
-    started_s = boot_s + int(fields[19]) / _TICKS
     virtual, resident = int(fields[20]), int(fields[21]) * _PAGE
     max_fds = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     shown: list[tuple[str, str, Kind, float]] = [

@@ -86,12 +86,8 @@ def test_special_values_and_a_counter_named_with_its_suffix() -> None:
 
 def test_a_sample_with_the_wrong_number_of_labels_is_refused() -> None:
     family = Family("agent_y", "y", "gauge", ("device",))
-    try:
+    with pytest.raises(ValueError, match="agent_y"):
         family.add((), 1.0)
-    except ValueError as exc:
-        assert "agent_y" in str(exc)
-    else:
-        raise AssertionError("accepted")
 
 
 def test_the_process_families_are_the_librarys_process_collectors() -> None:
@@ -106,7 +102,8 @@ def test_the_process_families_are_the_librarys_process_collectors() -> None:
         theirs["process_start_time_seconds"], abs=0.05
     )
     assert value["process_max_fds"] == theirs["process_max_fds"]
-    assert value["process_cpu_seconds"] >= theirs["process_cpu_seconds"]  # read after
+    # Read after the library (its sum of the two tick counts rounds apart from ours).
+    assert value["process_cpu_seconds"] >= theirs["process_cpu_seconds"] - 1e-9
     assert 1e6 < value["process_resident_memory_bytes"] < value["process_virtual_memory_bytes"]
     assert value["process_open_fds"] > 0
     assert value["process_start_time_seconds"] < time.time()
